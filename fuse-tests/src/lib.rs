@@ -1,0 +1,2 @@
+//! Test support for drainfs: harnesses that really mount, and the test backends drainfs is
+//! mounted over (see `src/bin/`).

@@ -1,0 +1,151 @@
+//! Typed configuration, built by [`cli`](crate::cli) and taken by the rest of the crate.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Everything `drainfs run` needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunConfig {
+    /// The mount itself.
+    pub fs: FsConfig,
+    /// Supervision, triggers, drain and deadline.
+    pub lifecycle: LifecycleConfig,
+    /// Admin HTTP server and control socket.
+    pub admin: AdminConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Validate, print and exit without mounting.
+    pub check_config: bool,
+}
+
+/// Kernel passthrough policy (`--passthrough`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PassthroughMode {
+    /// Use FUSE_PASSTHROUGH when the kernel grants it and drainfs has CAP_SYS_ADMIN.
+    Auto,
+    /// Fail the mount unless FUSE_PASSTHROUGH is available.
+    Always,
+    /// Serve reads and writes in drainfs.
+    Never,
+}
+
+/// The passthrough filesystem's configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct FsConfig {
+    /// The lower directory.
+    pub lower: PathBuf,
+    /// Where drainfs is mounted.
+    pub mountpoint: PathBuf,
+    /// Kernel passthrough policy.
+    pub passthrough: PassthroughMode,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Attribute and entry TTL given to the kernel.
+    #[serde(with = "humantime_serde_shim")]
+    pub ttl: Duration,
+    /// Cap on cached O_PATH fds; `None` means a quarter of RLIMIT_NOFILE.
+    pub max_lower_fds: Option<usize>,
+}
+
+/// How the lower's process is found.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LowerProcess {
+    /// drainfs starts it (`-- COMMAND...`) and waits for its mount.
+    Spawn {
+        /// The command line.
+        #[serde(serialize_with = "ser_argv")]
+        argv: Vec<OsString>,
+    },
+    /// The lower is already mounted; optionally signal this PID at the end.
+    Adopted {
+        /// PID to signal after unmounting.
+        pid: Option<i32>,
+    },
+}
+
+/// Lifecycle configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct LifecycleConfig {
+    /// The lower's process.
+    pub lower_process: LowerProcess,
+    /// Bound on waiting for the lower's mount to appear.
+    #[serde(with = "humantime_serde_shim")]
+    pub lower_ready_timeout: Duration,
+    /// Signal that asks the lower to stop.
+    #[serde(serialize_with = "ser_signal")]
+    pub lower_signal: nix::sys::signal::Signal,
+    /// Exit files (shutdown triggers).
+    pub exit_files: Vec<PathBuf>,
+    /// Workload PID (shutdown trigger when it exits).
+    pub watch_pid: Option<i32>,
+    /// SIGTERM means the workload is gone.
+    pub native_sidecar: bool,
+    /// Idle time required before closing admission on a plain SIGTERM/SIGINT.
+    #[serde(with = "humantime_serde_shim")]
+    pub quiet_period: Duration,
+    /// The pod's termination grace period.
+    #[serde(with = "humantime_serde_shim")]
+    pub grace_period: Duration,
+    /// Exit this long before the grace period ends.
+    #[serde(with = "humantime_serde_shim")]
+    pub grace_margin: Duration,
+    /// Where to write the JSON shutdown summary.
+    pub summary_file: Option<PathBuf>,
+    /// Where to write the 4 KiB-capped summary for Kubernetes.
+    pub termination_log: Option<PathBuf>,
+    /// File written once ready, removed when draining begins.
+    pub ready_file: Option<PathBuf>,
+}
+
+/// Admin server and control socket.
+#[derive(Debug, Clone, Serialize)]
+pub struct AdminConfig {
+    /// Admin HTTP listen address.
+    pub admin_addr: Option<SocketAddr>,
+    /// Control socket path.
+    pub control_socket: Option<PathBuf>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogConfig {
+    /// Output format.
+    pub format: LogFormat,
+    /// Filter directive; `None` falls back to `RUST_LOG`, then `info`.
+    pub level: Option<String>,
+}
+
+fn ser_argv<S: serde::Serializer>(argv: &[OsString], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
+}
+
+fn ser_signal<S: serde::Serializer>(
+    sig: &nix::sys::signal::Signal,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(sig.as_str())
+}
+
+mod humantime_serde_shim {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
