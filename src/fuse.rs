@@ -1,0 +1,651 @@
+//! The fuser adapter: implements `fuser::Filesystem` on top of the core ([`crate::fs::Fs`]).
+//!
+//! Every handler has the same shape (mountpoint-s3's `fuse.rs`): count the request with an
+//! [`OpGuard`](crate::accounting::OpGuard), call the core, reply; on error [`fail`] logs at the
+//! error's own level, counts it and replies with its errno. No handler writes an errno literal.
+//! Handlers are synchronous on fuser's worker threads and never wait for the control plane.
+//!
+//! Connection settings chosen in [`DrainFs::init`], each for a reason:
+//! - `FUSE_PASSTHROUGH` + `max_stack_depth = 1` (kernel passthrough onto a lower that may itself
+//!   be FUSE, Documentation/filesystems/fuse-passthrough.rst), with `FUSE_HANDLE_KILLPRIV_V2`:
+//!   without it the kernel asks for `security.capability` before every passthrough write.
+//! - No `FUSE_WRITEBACK_CACHE`: it silently disables passthrough, and it would acknowledge
+//!   writes before the lower has them.
+//! - `FUSE_PARALLEL_DIROPS` (lookups and readdirs in one directory run concurrently),
+//!   `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO` (one round trip fills `ls -l`),
+//!   `FUSE_ATOMIC_O_TRUNC` (O_TRUNC rides on OPEN instead of a second SETATTR round trip),
+//!   `FUSE_AUTO_INVAL_DATA` (the page cache is dropped when the lower's mtime or size changes),
+//!   `FUSE_CACHE_SYMLINKS`.
+//! - Read-only opens get `FOPEN_NOFLUSH`: their close() costs no FLUSH round trip, and there is
+//!   nothing to upload.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::accounting::Op;
+use crate::config::PassthroughMode;
+use crate::error::Error;
+use crate::fs::{Backing, Entry, Fs, XattrReply, sys::Stat};
+
+/// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
+pub const MAX_IO: u32 = 1 << 20;
+
+/// What INIT negotiated, for the start-up log line and `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct InitInfo {
+    /// Kernel passthrough is in effect.
+    pub passthrough: bool,
+    /// Why passthrough is off, when it is.
+    pub passthrough_off_reason: Option<String>,
+    /// Kernel FUSE ABI, `major.minor`.
+    pub kernel_abi: String,
+}
+
+/// The fuser filesystem.
+pub struct DrainFs {
+    core: Arc<Fs>,
+    ttl: Duration,
+    mode: PassthroughMode,
+    passthrough: bool,
+    init: Arc<Mutex<Option<InitInfo>>>,
+}
+
+impl DrainFs {
+    /// Wraps the core. `init` receives what INIT negotiated.
+    pub fn new(core: Arc<Fs>, ttl: Duration, mode: PassthroughMode, init: Arc<Mutex<Option<InitInfo>>>) -> Self {
+        DrainFs { core, ttl, mode, passthrough: false, init }
+    }
+}
+
+/// Whether this process has CAP_SYS_ADMIN in its effective set (needed for
+/// `FUSE_DEV_IOC_BACKING_OPEN`).
+pub fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
+fn errno(e: Error) -> Errno {
+    Errno::from_i32(e.raw_errno())
+}
+
+/// Logs an error at its level, counts it, and replies with its errno.
+macro_rules! fail {
+    ($guard:ident, $reply:ident, $err:expr) => {{
+        let e: Error = $err;
+        $guard.fail();
+        match e.level() {
+            tracing::Level::WARN | tracing::Level::ERROR => {
+                tracing::warn!(op = $guard.op().name(), error = %e, "request failed")
+            }
+            _ => tracing::debug!(op = $guard.op().name(), error = %e, "request failed"),
+        }
+        $reply.error(errno(e));
+    }};
+}
+
+fn to_time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dtype(t: u8) -> FileType {
+    match t {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// Converts the lower's `struct stat` into FUSE attributes; `st_ino` becomes the nodeid.
+pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(nodeid),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: to_time(st.st_atime, st.st_atime_nsec),
+        mtime: to_time(st.st_mtime, st.st_mtime_nsec),
+        ctime: to_time(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: kind_of(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
+    match t {
+        None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        Some(TimeOrNow::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => libc::timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) },
+            Err(e) => {
+                let d = e.duration();
+                let (mut s, mut n) = (-(d.as_secs() as i64), -i64::from(d.subsec_nanos()));
+                if n < 0 {
+                    s -= 1;
+                    n += 1_000_000_000;
+                }
+                libc::timespec { tv_sec: s, tv_nsec: n }
+            }
+        },
+    }
+}
+
+thread_local! {
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl DrainFs {
+    fn entry(&self, reply: ReplyEntry, e: &Entry) {
+        reply.entry(&self.ttl, &attr(e.nodeid, &e.st), Generation(0));
+    }
+
+    fn open_flags(flags: i32) -> FopenFlags {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() }
+    }
+}
+
+impl Filesystem for DrainFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        let mut info = InitInfo {
+            kernel_abi: format!("{}.{}", config.kernel_abi().0, config.kernel_abi().1),
+            ..InitInfo::default()
+        };
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_AUTO_INVAL_DATA
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_ASYNC_DIO;
+        let _ = config.add_capabilities(wanted & caps);
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_background(64);
+        if self.mode != PassthroughMode::Never {
+            let reason = if !caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+                Some("the kernel does not offer FUSE_PASSTHROUGH (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH)".to_string())
+            } else if !has_cap_sys_admin() {
+                Some("drainfs lacks CAP_SYS_ADMIN, which backing files need".to_string())
+            } else if config.set_max_stack_depth(1).is_err() {
+                Some("the kernel refused max_stack_depth 1".to_string())
+            } else {
+                match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                    Ok(()) => None,
+                    Err(_) => Some("the kernel refused FUSE_PASSTHROUGH".to_string()),
+                }
+            };
+            match reason {
+                None => self.passthrough = true,
+                Some(r) if self.mode == PassthroughMode::Always => {
+                    *self.init.lock() = Some(InitInfo { passthrough_off_reason: Some(r.clone()), ..info });
+                    return Err(std::io::Error::other(format!("--passthrough always, but {r}")));
+                }
+                Some(r) => info.passthrough_off_reason = Some(r),
+            }
+        } else {
+            info.passthrough_off_reason = Some("--passthrough never".to_string());
+        }
+        info.passthrough = self.passthrough;
+        *self.init.lock() = Some(info);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut g = self.core.acct.op(Op::Lookup);
+        match self.core.lookup(parent.0, name) {
+            Ok(e) => self.entry(reply, &e),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _g = self.core.acct.op(Op::Forget);
+        self.core.forget(ino.0, nlookup);
+    }
+
+    // BATCH_FORGET: fuser 0.18 does not export `ForgetOne`, so the trait's default, which
+    // calls `forget` for each node, is used.
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mut g = self.core.acct.op(Op::Getattr);
+        match self.core.getattr(ino.0, fh.map(|f| f.0)) {
+            Ok(st) => reply.attr(&self.ttl, &attr(ino.0, &st)),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mut g = self.core.acct.op(Op::Setattr);
+        let times = (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
+        // KILLPRIV_V2: a truncate by a caller without CAP_FSETID must clear suid/sgid; fuser
+        // does not pass FATTR_KILL_SUIDGID through, so non-root callers stand for it.
+        let kill = size.is_some() && req.uid() != 0;
+        match self.core.setattr(ino.0, fh.map(|f| f.0), mode, uid, gid, size, times, kill) {
+            Ok(st) => reply.attr(&self.ttl, &attr(ino.0, &st)),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let mut g = self.core.acct.op(Op::Readlink);
+        match self.core.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        let mut g = self.core.acct.op(Op::Mknod);
+        match self.core.mknod(parent.0, name, mode, rdev, req.uid(), req.gid()) {
+            Ok(e) => self.entry(reply, &e),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let mut g = self.core.acct.op(Op::Mkdir);
+        match self.core.mkdir(parent.0, name, mode, req.uid(), req.gid()) {
+            Ok(e) => self.entry(reply, &e),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Unlink);
+        match self.core.unlink(parent.0, name, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Rmdir);
+        match self.core.unlink(parent.0, name, true) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let mut g = self.core.acct.op(Op::Symlink);
+        match self.core.symlink(parent.0, link_name, target, req.uid(), req.gid()) {
+            Ok(e) => self.entry(reply, &e),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mut g = self.core.acct.op(Op::Rename);
+        match self.core.rename(parent.0, name, newparent.0, newname, flags.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let mut g = self.core.acct.op(Op::Link);
+        match self.core.link(ino.0, newparent.0, newname) {
+            Ok(e) => self.entry(reply, &e),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let mut g = self.core.acct.op(Op::Open);
+        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(reply.open_backing(fd)?)) };
+        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> =
+            if self.passthrough { Some(&register) } else { None };
+        match self.core.open(ino.0, flags.0, reg) {
+            Ok(o) => reply_open(reply, o.fh, Self::open_flags(flags.0), o.backing),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut g = self.core.acct.op(Op::Read);
+        READ_BUF.with_borrow_mut(|buf| {
+            let size = (size as usize).min(MAX_IO as usize * 4);
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            match self.core.read(ino.0, fh.0, offset, &mut buf[..size]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => fail!(g, reply, e),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let mut g = self.core.acct.op(Op::Write);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.core.write(ino.0, fh.0, offset, data, kill) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Flush);
+        match self.core.flush(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut g = self.core.acct.op(Op::Release);
+        match self.core.release(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Fsync);
+        match self.core.fsync(ino.0, fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let mut g = self.core.acct.op(Op::Opendir);
+        match self.core.opendir(ino.0, flags.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut g = self.core.acct.op(Op::Readdir);
+        let dev = self.core.root_dev();
+        let res = self.core.readdir(ino.0, fh.0, offset as i64, |d_ino, off, typ, name| {
+            let ino = self.core.known_nodeid(dev, d_ino).unwrap_or(d_ino);
+            !reply.add(INodeNo(ino), off as u64, kind_of_dtype(typ), OsStr::from_bytes(name))
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let mut g = self.core.acct.op(Op::Readdirplus);
+        let mut dir_attr: Option<FileAttr> = None;
+        let res = self.core.readdir(ino.0, fh.0, offset as i64, |_d_ino, off, _typ, name| {
+            if name == b"." || name == b".." {
+                // The kernel does not link dot entries: no lookup reference is taken.
+                let a = *dir_attr.get_or_insert_with(|| {
+                    let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
+                        // SAFETY: an all-zero `struct stat` is a valid value.
+                        unsafe { std::mem::zeroed() }
+                    });
+                    attr(ino.0, &st)
+                });
+                return !reply.add(a.ino, off as u64, OsStr::from_bytes(name), &Duration::ZERO, &a, Generation(0));
+            }
+            match self.core.lookup_in_dir(ino.0, fh.0, name) {
+                Ok(e) => {
+                    let full = reply.add(
+                        INodeNo(e.nodeid),
+                        off as u64,
+                        OsStr::from_bytes(name),
+                        &self.ttl,
+                        &attr(e.nodeid, &e.st),
+                        Generation(0),
+                    );
+                    if full {
+                        self.core.forget(e.nodeid, 1);
+                    }
+                    !full
+                }
+                // Removed between getdents and fstatat: skip it, as a concurrent unlink would.
+                Err(_) => true,
+            }
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Releasedir);
+        match self.core.release(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Fsyncdir);
+        match self.core.fsync(ino.0, fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let mut g = self.core.acct.op(Op::Statfs);
+        match self.core.statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Setxattr);
+        match self.core.setxattr(ino.0, name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let mut g = self.core.acct.op(Op::Getxattr);
+        match self.core.getxattr(ino.0, name, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let mut g = self.core.acct.op(Op::Listxattr);
+        match self.core.listxattr(ino.0, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Removexattr);
+        match self.core.removexattr(ino.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Access);
+        match self.core.access(ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+        let mut g = self.core.acct.op(Op::Create);
+        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(reply.open_backing(fd)?)) };
+        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> =
+            if self.passthrough { Some(&register) } else { None };
+        match self.core.create(parent.0, name, mode, flags, req.uid(), req.gid(), reg) {
+            Ok((e, o)) => {
+                let a = attr(e.nodeid, &e.st);
+                let f = Self::open_flags(flags);
+                match o.backing.as_ref().and_then(|b| b.downcast_ref::<fuser::BackingId>()) {
+                    Some(b) => reply.created_passthrough(&self.ttl, &a, Generation(0), FileHandle(o.fh), f, b),
+                    None => reply.created(&self.ttl, &a, Generation(0), FileHandle(o.fh), f),
+                }
+            }
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let mut g = self.core.acct.op(Op::Fallocate);
+        match self.core.fallocate(ino.0, fh.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let mut g = self.core.acct.op(Op::Lseek);
+        match self.core.lseek(ino.0, fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let mut g = self.core.acct.op(Op::CopyFileRange);
+        match self.core.copy_file_range(ino_in.0, fh_in.0, offset_in, ino_out.0, fh_out.0, offset_out, len, flags.bits() as u32) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => fail!(g, reply, e),
+        }
+    }
+}
+
+fn reply_open(reply: ReplyOpen, fh: u64, flags: FopenFlags, backing: Option<Backing>) {
+    match backing.as_ref().and_then(|b| b.downcast_ref::<fuser::BackingId>()) {
+        Some(b) => reply.opened_passthrough(FileHandle(fh), flags, b),
+        None => reply.opened(FileHandle(fh), flags),
+    }
+}
