@@ -9,8 +9,8 @@
 //! The drain waits on [`Accounting::changed`]; it is only signalled while
 //! [`Accounting::set_watching`] is on, so serving costs no wake-ups.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -50,8 +50,8 @@ const N_OPS: usize = Op::ALL.len();
 
 /// Upper bounds (seconds) of the request-duration histogram buckets; `+Inf` is implied.
 pub const DURATION_BUCKETS: [f64; 16] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 5.0, 30.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 5.0, 30.0,
 ];
 const N_BUCKETS: usize = DURATION_BUCKETS.len() + 1;
 
@@ -67,7 +67,10 @@ impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        let idx = DURATION_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(N_BUCKETS - 1);
+        let idx = DURATION_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(N_BUCKETS - 1);
         self.buckets[idx].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
         self.count.fetch_add(1, Relaxed);
@@ -79,7 +82,11 @@ impl Histogram {
         for (i, slot) in self.buckets.iter().enumerate() {
             b[i] = slot.load(Relaxed);
         }
-        (b, self.sum_ns.load(Relaxed) as f64 / 1e9, self.count.load(Relaxed))
+        (
+            b,
+            self.sum_ns.load(Relaxed) as f64 / 1e9,
+            self.count.load(Relaxed),
+        )
     }
 }
 
@@ -209,20 +216,32 @@ impl Accounting {
     pub fn op(&self, op: Op) -> OpGuard<'_> {
         self.in_flight.fetch_add(1, SeqCst);
         self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
-        OpGuard { acct: self, op, start: Instant::now(), failed: false }
+        OpGuard {
+            acct: self,
+            op,
+            start: Instant::now(),
+            failed: false,
+        }
     }
 
     /// Counts an open handle until the guard is dropped.
     pub fn handle(self: &Arc<Self>, mode: HandleMode) -> HandleGuard {
         self.handles[mode as usize].fetch_add(1, SeqCst);
         self.handles_opened[mode as usize].fetch_add(1, Relaxed);
-        HandleGuard { acct: Arc::clone(self), mode }
+        HandleGuard {
+            acct: Arc::clone(self),
+            mode,
+        }
     }
 
     /// Counts a lower call in progress until the guard is dropped.
     pub fn lower_call(&self, which: LowerCall) -> LowerCallGuard<'_> {
         self.lower_calls[which as usize].fetch_add(1, SeqCst);
-        LowerCallGuard { acct: self, which, start: Instant::now() }
+        LowerCallGuard {
+            acct: self,
+            which,
+            start: Instant::now(),
+        }
     }
 
     /// Statistics of one operation.
@@ -262,7 +281,8 @@ impl Accounting {
 
     #[inline]
     fn touched(&self) {
-        self.last_activity_ms.store(self.epoch.elapsed().as_millis() as u64, Relaxed);
+        self.last_activity_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Relaxed);
         if self.watching.load(Relaxed) {
             self.changed.notify_waiters();
         }
@@ -363,7 +383,10 @@ mod tests {
         let r = acct.handle(HandleMode::Read);
         let f = acct.lower_call(LowerCall::Flush);
         let o = acct.outstanding();
-        assert_eq!((o.in_flight, o.open_write, o.open_read, o.lower_flush), (0, 1, 1, 1));
+        assert_eq!(
+            (o.in_flight, o.open_write, o.open_read, o.lower_flush),
+            (0, 1, 1, 1)
+        );
         assert!(!o.is_idle());
         drop((h, r, f));
         assert!(acct.outstanding().is_idle());

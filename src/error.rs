@@ -63,7 +63,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An error returned by a lower syscall, passed through unchanged.
     pub fn lower(errno: nix::errno::Errno) -> Self {
-        Error { kind: Kind::Lower(errno) }
+        Error {
+            kind: Kind::Lower(errno),
+        }
     }
 
     /// The errno as the raw integer FUSE replies carry.
@@ -108,7 +110,9 @@ impl From<nix::errno::Errno> for Error {
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error::lower(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+        Error::lower(nix::errno::Errno::from_raw(
+            e.raw_os_error().unwrap_or(libc::EIO),
+        ))
     }
 }
 

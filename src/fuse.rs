@@ -29,10 +29,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -66,8 +66,19 @@ pub struct DrainFs {
 
 impl DrainFs {
     /// Wraps the core. `init` receives what INIT negotiated.
-    pub fn new(core: Arc<Fs>, ttl: Duration, mode: PassthroughMode, init: Arc<Mutex<Option<InitInfo>>>) -> Self {
-        DrainFs { core, ttl, mode, passthrough: false, init }
+    pub fn new(
+        core: Arc<Fs>,
+        ttl: Duration,
+        mode: PassthroughMode,
+        init: Arc<Mutex<Option<InitInfo>>>,
+    ) -> Self {
+        DrainFs {
+            core,
+            ttl,
+            mode,
+            passthrough: false,
+            init,
+        }
     }
 }
 
@@ -159,10 +170,19 @@ pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
 
 fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
     match t {
-        None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-        Some(TimeOrNow::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(TimeOrNow::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
         Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) },
+            Ok(d) => libc::timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: i64::from(d.subsec_nanos()),
+            },
             Err(e) => {
                 let d = e.duration();
                 let (mut s, mut n) = (-(d.as_secs() as i64), -i64::from(d.subsec_nanos()));
@@ -170,7 +190,10 @@ fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
                     s -= 1;
                     n += 1_000_000_000;
                 }
-                libc::timespec { tv_sec: s, tv_nsec: n }
+                libc::timespec {
+                    tv_sec: s,
+                    tv_nsec: n,
+                }
             }
         },
     }
@@ -186,7 +209,11 @@ impl DrainFs {
     }
 
     fn open_flags(flags: i32) -> FopenFlags {
-        if flags & libc::O_ACCMODE == libc::O_RDONLY { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() }
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        }
     }
 }
 
@@ -225,8 +252,13 @@ impl Filesystem for DrainFs {
             match reason {
                 None => self.passthrough = true,
                 Some(r) if self.mode == PassthroughMode::Always => {
-                    *self.init.lock() = Some(InitInfo { passthrough_off_reason: Some(r.clone()), ..info });
-                    return Err(std::io::Error::other(format!("--passthrough always, but {r}")));
+                    *self.init.lock() = Some(InitInfo {
+                        passthrough_off_reason: Some(r.clone()),
+                        ..info
+                    });
+                    return Err(std::io::Error::other(format!(
+                        "--passthrough always, but {r}"
+                    )));
                 }
                 Some(r) => info.passthrough_off_reason = Some(r),
             }
@@ -281,11 +313,15 @@ impl Filesystem for DrainFs {
         reply: ReplyAttr,
     ) {
         let mut g = self.core.acct.op(Op::Setattr);
-        let times = (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
+        let times =
+            (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
         // KILLPRIV_V2: a truncate by a caller without CAP_FSETID must clear suid/sgid; fuser
         // does not pass FATTR_KILL_SUIDGID through, so non-root callers stand for it.
         let kill = size.is_some() && req.uid() != 0;
-        match self.core.setattr(ino.0, fh.map(|f| f.0), mode, uid, gid, size, times, kill) {
+        match self
+            .core
+            .setattr(ino.0, fh.map(|f| f.0), mode, uid, gid, size, times, kill)
+        {
             Ok(st) => reply.attr(&self.ttl, &attr(ino.0, &st)),
             Err(e) => fail!(g, reply, e),
         }
@@ -299,15 +335,35 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let mut g = self.core.acct.op(Op::Mknod);
-        match self.core.mknod(parent.0, name, mode, rdev, req.uid(), req.gid()) {
+        match self
+            .core
+            .mknod(parent.0, name, mode, rdev, req.uid(), req.gid())
+        {
             Ok(e) => self.entry(reply, &e),
             Err(e) => fail!(g, reply, e),
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         let mut g = self.core.acct.op(Op::Mkdir);
         match self.core.mkdir(parent.0, name, mode, req.uid(), req.gid()) {
             Ok(e) => self.entry(reply, &e),
@@ -331,9 +387,19 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let mut g = self.core.acct.op(Op::Symlink);
-        match self.core.symlink(parent.0, link_name, target, req.uid(), req.gid()) {
+        match self
+            .core
+            .symlink(parent.0, link_name, target, req.uid(), req.gid())
+        {
             Ok(e) => self.entry(reply, &e),
             Err(e) => fail!(g, reply, e),
         }
@@ -350,13 +416,23 @@ impl Filesystem for DrainFs {
         reply: ReplyEmpty,
     ) {
         let mut g = self.core.acct.op(Op::Rename);
-        match self.core.rename(parent.0, name, newparent.0, newname, flags.bits()) {
+        match self
+            .core
+            .rename(parent.0, name, newparent.0, newname, flags.bits())
+        {
             Ok(()) => reply.ok(),
             Err(e) => fail!(g, reply, e),
         }
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let mut g = self.core.acct.op(Op::Link);
         match self.core.link(ino.0, newparent.0, newname) {
             Ok(e) => self.entry(reply, &e),
@@ -366,9 +442,14 @@ impl Filesystem for DrainFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut g = self.core.acct.op(Op::Open);
-        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(reply.open_backing(fd)?)) };
-        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> =
-            if self.passthrough { Some(&register) } else { None };
+        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
+            Ok(Arc::new(reply.open_backing(fd)?))
+        };
+        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> = if self.passthrough {
+            Some(&register)
+        } else {
+            None
+        };
         match self.core.open(ino.0, flags.0, reg) {
             Ok(o) => reply_open(reply, o.fh, Self::open_flags(flags.0), o.backing),
             Err(e) => fail!(g, reply, e),
@@ -419,7 +500,14 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Flush);
         match self.core.flush(ino.0, fh.0) {
             Ok(()) => reply.ok(),
@@ -444,7 +532,14 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Fsync);
         match self.core.fsync(ino.0, fh.0, datasync) {
             Ok(()) => reply.ok(),
@@ -460,60 +555,97 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let mut g = self.core.acct.op(Op::Readdir);
         let dev = self.core.root_dev();
-        let res = self.core.readdir(ino.0, fh.0, offset as i64, |d_ino, off, typ, name| {
-            let ino = self.core.known_nodeid(dev, d_ino).unwrap_or(d_ino);
-            !reply.add(INodeNo(ino), off as u64, kind_of_dtype(typ), OsStr::from_bytes(name))
-        });
+        let res = self
+            .core
+            .readdir(ino.0, fh.0, offset as i64, |d_ino, off, typ, name| {
+                let ino = self.core.known_nodeid(dev, d_ino).unwrap_or(d_ino);
+                !reply.add(
+                    INodeNo(ino),
+                    off as u64,
+                    kind_of_dtype(typ),
+                    OsStr::from_bytes(name),
+                )
+            });
         match res {
             Ok(()) => reply.ok(),
             Err(e) => fail!(g, reply, e),
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let mut g = self.core.acct.op(Op::Readdirplus);
         let mut dir_attr: Option<FileAttr> = None;
-        let res = self.core.readdir(ino.0, fh.0, offset as i64, |_d_ino, off, _typ, name| {
-            if name == b"." || name == b".." {
-                // The kernel does not link dot entries: no lookup reference is taken.
-                let a = *dir_attr.get_or_insert_with(|| {
-                    let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
-                        // SAFETY: an all-zero `struct stat` is a valid value.
-                        unsafe { std::mem::zeroed() }
+        let res = self
+            .core
+            .readdir(ino.0, fh.0, offset as i64, |_d_ino, off, _typ, name| {
+                if name == b"." || name == b".." {
+                    // The kernel does not link dot entries: no lookup reference is taken.
+                    let a = *dir_attr.get_or_insert_with(|| {
+                        let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
+                            // SAFETY: an all-zero `struct stat` is a valid value.
+                            unsafe { std::mem::zeroed() }
+                        });
+                        attr(ino.0, &st)
                     });
-                    attr(ino.0, &st)
-                });
-                return !reply.add(a.ino, off as u64, OsStr::from_bytes(name), &Duration::ZERO, &a, Generation(0));
-            }
-            match self.core.lookup_in_dir(ino.0, fh.0, name) {
-                Ok(e) => {
-                    let full = reply.add(
-                        INodeNo(e.nodeid),
+                    return !reply.add(
+                        a.ino,
                         off as u64,
                         OsStr::from_bytes(name),
-                        &self.ttl,
-                        &attr(e.nodeid, &e.st),
+                        &Duration::ZERO,
+                        &a,
                         Generation(0),
                     );
-                    if full {
-                        self.core.forget(e.nodeid, 1);
-                    }
-                    !full
                 }
-                // Removed between getdents and fstatat: skip it, as a concurrent unlink would.
-                Err(_) => true,
-            }
-        });
+                match self.core.lookup_in_dir(ino.0, fh.0, name) {
+                    Ok(e) => {
+                        let full = reply.add(
+                            INodeNo(e.nodeid),
+                            off as u64,
+                            OsStr::from_bytes(name),
+                            &self.ttl,
+                            &attr(e.nodeid, &e.st),
+                            Generation(0),
+                        );
+                        if full {
+                            self.core.forget(e.nodeid, 1);
+                        }
+                        !full
+                    }
+                    // Removed between getdents and fstatat: skip it, as a concurrent unlink would.
+                    Err(_) => true,
+                }
+            });
         match res {
             Ok(()) => reply.ok(),
             Err(e) => fail!(g, reply, e),
         }
     }
 
-    fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Releasedir);
         match self.core.release(ino.0, fh.0) {
             Ok(()) => reply.ok(),
@@ -521,7 +653,14 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Fsyncdir);
         match self.core.fsync(ino.0, fh.0, datasync) {
             Ok(()) => reply.ok(),
@@ -546,7 +685,16 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Setxattr);
         match self.core.setxattr(ino.0, name, value, flags) {
             Ok(()) => reply.ok(),
@@ -588,17 +736,45 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let mut g = self.core.acct.op(Op::Create);
-        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(reply.open_backing(fd)?)) };
-        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> =
-            if self.passthrough { Some(&register) } else { None };
-        match self.core.create(parent.0, name, mode, flags, req.uid(), req.gid(), reg) {
+        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
+            Ok(Arc::new(reply.open_backing(fd)?))
+        };
+        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> = if self.passthrough {
+            Some(&register)
+        } else {
+            None
+        };
+        match self
+            .core
+            .create(parent.0, name, mode, flags, req.uid(), req.gid(), reg)
+        {
             Ok((e, o)) => {
                 let a = attr(e.nodeid, &e.st);
                 let f = Self::open_flags(flags);
-                match o.backing.as_ref().and_then(|b| b.downcast_ref::<fuser::BackingId>()) {
-                    Some(b) => reply.created_passthrough(&self.ttl, &a, Generation(0), FileHandle(o.fh), f, b),
+                match o
+                    .backing
+                    .as_ref()
+                    .and_then(|b| b.downcast_ref::<fuser::BackingId>())
+                {
+                    Some(b) => reply.created_passthrough(
+                        &self.ttl,
+                        &a,
+                        Generation(0),
+                        FileHandle(o.fh),
+                        f,
+                        b,
+                    ),
                     None => reply.created(&self.ttl, &a, Generation(0), FileHandle(o.fh), f),
                 }
             }
@@ -606,7 +782,16 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let mut g = self.core.acct.op(Op::Fallocate);
         match self.core.fallocate(ino.0, fh.0, offset, length, mode) {
             Ok(()) => reply.ok(),
@@ -614,7 +799,15 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         let mut g = self.core.acct.op(Op::Lseek);
         match self.core.lseek(ino.0, fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
@@ -636,7 +829,16 @@ impl Filesystem for DrainFs {
         reply: ReplyWrite,
     ) {
         let mut g = self.core.acct.op(Op::CopyFileRange);
-        match self.core.copy_file_range(ino_in.0, fh_in.0, offset_in, ino_out.0, fh_out.0, offset_out, len, flags.bits() as u32) {
+        match self.core.copy_file_range(
+            ino_in.0,
+            fh_in.0,
+            offset_in,
+            ino_out.0,
+            fh_out.0,
+            offset_out,
+            len,
+            flags.bits() as u32,
+        ) {
             Ok(n) => reply.written(n as u32),
             Err(e) => fail!(g, reply, e),
         }
@@ -644,7 +846,10 @@ impl Filesystem for DrainFs {
 }
 
 fn reply_open(reply: ReplyOpen, fh: u64, flags: FopenFlags, backing: Option<Backing>) {
-    match backing.as_ref().and_then(|b| b.downcast_ref::<fuser::BackingId>()) {
+    match backing
+        .as_ref()
+        .and_then(|b| b.downcast_ref::<fuser::BackingId>())
+    {
         Some(b) => reply.opened_passthrough(FileHandle(fh), flags, b),
         None => reply.opened(FileHandle(fh), flags),
     }

@@ -2,9 +2,20 @@
 //! that tracks in-flight operations and open handles, and on shutdown drains them before
 //! unmounting, stopping the lower and exiting.
 
-pub mod cli;
 pub mod accounting;
+pub mod admin;
+pub mod cli;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod lifecycle;
+pub mod logging;
+pub mod metrics;
+pub mod mount;
+pub mod procs;
+pub mod run;
+pub mod signals;
+pub mod summary;
+pub mod triggers;

@@ -23,8 +23,8 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
@@ -51,7 +51,10 @@ pub struct InodeKey {
 
 impl InodeKey {
     fn of(st: &Stat) -> Self {
-        InodeKey { dev: st.st_dev, ino: st.st_ino }
+        InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
     }
 }
 
@@ -89,7 +92,10 @@ pub struct Inode {
 
 impl std::fmt::Debug for Inode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inode").field("nodeid", &self.nodeid).field("key", &self.key).finish()
+        f.debug_struct("Inode")
+            .field("nodeid", &self.nodeid)
+            .field("key", &self.key)
+            .finish()
     }
 }
 
@@ -98,7 +104,12 @@ impl Inode {
         let mut loc = self.loc.lock();
         match &mut *loc {
             Some(l) if l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name => {}
-            _ => *loc = Some(Location { parent: Arc::clone(parent), name: name.to_owned() }),
+            _ => {
+                *loc = Some(Location {
+                    parent: Arc::clone(parent),
+                    name: name.to_owned(),
+                })
+            }
         }
     }
 
@@ -110,7 +121,11 @@ impl Inode {
     /// summary only; never used to reach the lower).
     pub fn path(&self) -> PathBuf {
         let mut parts: Vec<CString> = Vec::new();
-        let mut cur = self.loc.lock().as_ref().map(|l| (Arc::clone(&l.parent), l.name.clone()));
+        let mut cur = self
+            .loc
+            .lock()
+            .as_ref()
+            .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         let mut depth = 0;
         while let Some((parent, name)) = cur {
             parts.push(name);
@@ -118,7 +133,11 @@ impl Inode {
             if depth > 4096 {
                 break;
             }
-            cur = parent.loc.lock().as_ref().map(|l| (Arc::clone(&l.parent), l.name.clone()));
+            cur = parent
+                .loc
+                .lock()
+                .as_ref()
+                .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         }
         let mut p = PathBuf::new();
         for n in parts.iter().rev() {
@@ -209,13 +228,21 @@ impl Admission {
 
     #[inline]
     fn check_alive(&self) -> Result<()> {
-        if self.lower_gone.load(Relaxed) { Err(Kind::LowerGone.into()) } else { Ok(()) }
+        if self.lower_gone.load(Relaxed) {
+            Err(Kind::LowerGone.into())
+        } else {
+            Ok(())
+        }
     }
 
     #[inline]
     fn check_admit(&self) -> Result<()> {
         self.check_alive()?;
-        if self.closed.load(Relaxed) { Err(Kind::Shutdown.into()) } else { Ok(()) }
+        if self.closed.load(Relaxed) {
+            Err(Kind::Shutdown.into())
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -235,10 +262,19 @@ pub struct Fs {
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     fd_cache: Mutex<lru::LruCache<u64, Arc<OwnedFd>>>,
+    failed_flushes: Mutex<Vec<String>>,
     /// Counters shared with the lifecycle and metrics.
     pub acct: Arc<Accounting>,
     /// Shutdown gate shared with the lifecycle.
     pub admission: Arc<Admission>,
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs")
+            .field("inodes", &self.inode_count())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -277,8 +313,14 @@ impl Fs {
     ///
     /// # Errors
     /// The lower's errno if the root cannot be opened or is not a directory (`ENOTDIR`).
-    pub fn new(lower: &Path, cfg: CoreConfig, acct: Arc<Accounting>, admission: Arc<Admission>) -> Result<Self> {
-        let path = CString::new(lower.as_os_str().as_bytes()).map_err(|_| Error::from(Kind::BadName))?;
+    pub fn new(
+        lower: &Path,
+        cfg: CoreConfig,
+        acct: Arc<Accounting>,
+        admission: Arc<Admission>,
+    ) -> Result<Self> {
+        let path =
+            CString::new(lower.as_os_str().as_bytes()).map_err(|_| Error::from(Kind::BadName))?;
         let root_fd = sys::openat(
             // SAFETY-free: AT_FDCWD is a valid dirfd for an absolute or relative path.
             unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
@@ -307,6 +349,7 @@ impl Fs {
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             fd_cache: Mutex::new(lru::LruCache::new(cap)),
+            failed_flushes: Mutex::new(Vec::new()),
             acct,
             admission,
         })
@@ -326,7 +369,12 @@ impl Fs {
         if nodeid == ROOT_ID {
             return Ok(Arc::clone(&self.root));
         }
-        self.inodes.read().by_id.get(&nodeid).cloned().ok_or_else(|| Kind::UnknownInode.into())
+        self.inodes
+            .read()
+            .by_id
+            .get(&nodeid)
+            .cloned()
+            .ok_or_else(|| Kind::UnknownInode.into())
     }
 
     /// The handle `fh`, checked to belong to `nodeid`.
@@ -334,7 +382,12 @@ impl Fs {
     /// # Errors
     /// `EBADF` for an unknown fh or one of another inode.
     pub fn handle(&self, nodeid: u64, fh: u64) -> Result<Arc<Handle>> {
-        let h = self.handles.read().get(&fh).cloned().ok_or(Error::from(Kind::UnknownHandle))?;
+        let h = self
+            .handles
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(Error::from(Kind::UnknownHandle))?;
         if h.inode.nodeid != nodeid {
             return Err(Kind::UnknownHandle.into());
         }
@@ -370,7 +423,8 @@ impl Fs {
             (Arc::clone(&l.parent), l.name.clone())
         };
         let pfd = self.inode_fd(&parent)?;
-        let fd = sys::openat(pfd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0).map_err(|e| self.lower_err(e))?;
+        let fd = sys::openat(pfd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+            .map_err(|e| self.lower_err(e))?;
         let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
         if InodeKey::of(&st) != inode.key {
             return Err(Kind::Stale.into());
@@ -387,7 +441,11 @@ impl Fs {
         let cached = if inode.nodeid == ROOT_ID {
             Some(Arc::clone(&self.root_fd))
         } else {
-            self.fd_cache.lock().get(&inode.nodeid).cloned().or_else(|| inode.open_fd())
+            self.fd_cache
+                .lock()
+                .get(&inode.nodeid)
+                .cloned()
+                .or_else(|| inode.open_fd())
         };
         if let Some(fd) = cached {
             return sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e));
@@ -416,7 +474,10 @@ impl Fs {
                 if inode.nodeid != ROOT_ID {
                     inode.set_location(parent, name);
                 }
-                return Entry { nodeid: *id, st: *st };
+                return Entry {
+                    nodeid: *id,
+                    st: *st,
+                };
             }
         }
         let mut map = self.inodes.write();
@@ -425,7 +486,10 @@ impl Fs {
             drop(map);
             inode.lookups.fetch_add(1, SeqCst);
             inode.set_location(parent, name);
-            return Entry { nodeid: id, st: *st };
+            return Entry {
+                nodeid: id,
+                st: *st,
+            };
         }
         let nodeid = self.next_nodeid.fetch_add(1, Relaxed);
         let inode = Arc::new(Inode {
@@ -433,7 +497,10 @@ impl Fs {
             key,
             fmt: st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            loc: Mutex::new(Some(Location { parent: Arc::clone(parent), name: name.to_owned() })),
+            loc: Mutex::new(Some(Location {
+                parent: Arc::clone(parent),
+                name: name.to_owned(),
+            })),
             open: Mutex::new(OpenState::default()),
         });
         map.by_id.insert(nodeid, inode);
@@ -461,7 +528,9 @@ impl Fs {
             return;
         }
         let mut map = self.inodes.write();
-        let Some(inode) = map.by_id.get(&nodeid) else { return };
+        let Some(inode) = map.by_id.get(&nodeid) else {
+            return;
+        };
         let prev = inode.lookups.load(SeqCst);
         let now = prev.saturating_sub(nlookup);
         inode.lookups.store(now, SeqCst);
@@ -522,7 +591,8 @@ impl Fs {
         let le = |e| self.lower_err(e);
         if let Some(mode) = mode {
             if handle.is_some() {
-                nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(mode)).map_err(le)?;
+                nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(mode))
+                    .map_err(le)?;
             } else {
                 sys::chmod_fd(fd, mode).map_err(le)?;
             }
@@ -541,7 +611,8 @@ impl Fs {
                 let st = sys::fstat(fd).map_err(le)?;
                 let bits = st.st_mode & (libc::S_ISUID | libc::S_ISGID);
                 if bits != 0 && inode.fmt == libc::S_IFREG {
-                    sys::chmod_fd(fd, st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID)).map_err(le)?;
+                    sys::chmod_fd(fd, st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID))
+                        .map_err(le)?;
                 }
             }
         }
@@ -551,7 +622,13 @@ impl Fs {
             } else {
                 let path = sys::proc_fd_path(fd.as_raw_fd());
                 // SAFETY: AT_FDCWD with an absolute path.
-                sys::utimensat(unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }, &path, &times, 0).map_err(le)?;
+                sys::utimensat(
+                    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
+                    &path,
+                    &times,
+                    0,
+                )
+                .map_err(le)?;
             }
         }
         sys::fstat(fd).map_err(le)
@@ -577,14 +654,23 @@ impl Fs {
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Entry> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Entry> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
             let _creds = sys::CallerCreds::switch(uid, gid);
-            sys::mknodat(pfd.as_fd(), &name, mode, u64::from(rdev)).map_err(|e| self.lower_err(e))?;
+            sys::mknodat(pfd.as_fd(), &name, mode, u64::from(rdev))
+                .map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
     }
@@ -609,7 +695,14 @@ impl Fs {
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
-    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, uid: u32, gid: u32) -> Result<Entry> {
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Entry> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
@@ -638,7 +731,10 @@ impl Fs {
     fn known_at(&self, dir: &OwnedFd, name: &CStr) -> Option<Arc<Inode>> {
         let st = sys::fstatat(dir.as_fd(), name).ok()?;
         let map = self.inodes.read();
-        map.by_key.get(&InodeKey::of(&st)).and_then(|id| map.by_id.get(id)).cloned()
+        map.by_key
+            .get(&InodeKey::of(&st))
+            .and_then(|id| map.by_id.get(id))
+            .cloned()
     }
 
     /// RENAME with renameat2 flags (RENAME_NOREPLACE, RENAME_EXCHANGE); the moved inodes keep
@@ -647,7 +743,14 @@ impl Fs {
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno (`EINVAL` when the lower
     /// does not support the flags).
-    pub fn rename(&self, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let newparent = self.inode(newparent)?;
@@ -656,9 +759,13 @@ impl Fs {
         let pfd = self.inode_fd(&parent)?;
         let npfd = self.inode_fd(&newparent)?;
         let moved = self.known_at(&pfd, &name);
-        let exchanged =
-            if flags & libc::RENAME_EXCHANGE != 0 { self.known_at(&npfd, &newname) } else { None };
-        sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags).map_err(|e| self.lower_err(e))?;
+        let exchanged = if flags & libc::RENAME_EXCHANGE != 0 {
+            self.known_at(&npfd, &newname)
+        } else {
+            None
+        };
+        sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags)
+            .map_err(|e| self.lower_err(e))?;
         if let Some(m) = moved {
             m.set_location(&newparent, &newname);
         }
@@ -686,7 +793,8 @@ impl Fs {
     fn lower_open_flags(flags: i32) -> i32 {
         // O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data
         // path (the kernel's backing file keeps it) and would force aligned buffers on ours.
-        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_NOFOLLOW
+        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT))
+            | libc::O_NOFOLLOW
     }
 
     fn mode_of(flags: i32) -> HandleMode {
@@ -696,7 +804,13 @@ impl Fs {
         }
     }
 
-    fn install_handle(&self, inode: Arc<Inode>, fd: OwnedFd, flags: i32, register: RegisterBacking<'_>) -> Result<Opened> {
+    fn install_handle(
+        &self,
+        inode: Arc<Inode>,
+        fd: OwnedFd,
+        flags: i32,
+        register: RegisterBacking<'_>,
+    ) -> Result<Opened> {
         let fd = Arc::new(fd);
         let writable = Self::mode_of(flags) == HandleMode::Write;
         let fh = self.next_fh.fetch_add(1, Relaxed);
@@ -732,7 +846,10 @@ impl Fs {
         let handle = Handle {
             inode,
             fd,
-            kind: HandleKind::File { writable, passthrough: backing.is_some() },
+            kind: HandleKind::File {
+                writable,
+                passthrough: backing.is_some(),
+            },
             flags,
             guard,
         };
@@ -752,14 +869,24 @@ impl Fs {
         let inode = self.inode(nodeid)?;
         let lflags = Self::lower_open_flags(flags);
         let fd = self.open_inode(&inode, lflags)?;
-        let register = if inode.fmt == libc::S_IFREG { register } else { None };
+        let register = if inode.fmt == libc::S_IFREG {
+            register
+        } else {
+            None
+        };
         self.install_handle(inode, fd, flags, register)
     }
 
     fn open_inode(&self, inode: &Arc<Inode>, lflags: i32) -> Result<OwnedFd> {
-        let cached = self.fd_cache.lock().get(&inode.nodeid).cloned().or_else(|| inode.open_fd());
+        let cached = self
+            .fd_cache
+            .lock()
+            .get(&inode.nodeid)
+            .cloned()
+            .or_else(|| inode.open_fd());
         if let Some(fd) = cached {
-            return sys::reopen(fd.as_fd(), lflags & !libc::O_NOFOLLOW).map_err(|e| self.lower_err(e));
+            return sys::reopen(fd.as_fd(), lflags & !libc::O_NOFOLLOW)
+                .map_err(|e| self.lower_err(e));
         }
         let (parent, name) = {
             let loc = inode.loc.lock();
@@ -794,7 +921,8 @@ impl Fs {
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
-        let lflags = (flags & !(libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_CREAT | libc::O_NOFOLLOW;
+        let lflags =
+            (flags & !(libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_CREAT | libc::O_NOFOLLOW;
         let fd = {
             let _creds = sys::CallerCreds::switch(uid, gid);
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
@@ -826,15 +954,25 @@ impl Fs {
     ///
     /// # Errors
     /// `EBADF` for an unknown fh; else the lower's errno.
-    pub fn write(&self, nodeid: u64, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> Result<usize> {
+    pub fn write(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
         self.admission.check_alive()?;
         let h = self.handle(nodeid, fh)?;
         if kill_suidgid {
             let st = sys::fstat(h.fd.as_fd()).map_err(|e| self.lower_err(e))?;
             if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
                 let mode = st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID);
-                nix::sys::stat::fchmod(h.fd.as_fd(), nix::sys::stat::Mode::from_bits_truncate(mode))
-                    .map_err(|e| self.lower_err(e))?;
+                nix::sys::stat::fchmod(
+                    h.fd.as_fd(),
+                    nix::sys::stat::Mode::from_bits_truncate(mode),
+                )
+                .map_err(|e| self.lower_err(e))?;
             }
         }
         let n = sys::pwrite_all(h.fd.as_fd(), data, offset).map_err(|e| self.lower_err(e))?;
@@ -852,8 +990,17 @@ impl Fs {
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
             self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+            let mut f = self.failed_flushes.lock();
+            if f.len() < 64 {
+                f.push(format!("{}: {e}", h.inode.path().display()));
+            }
             self.lower_err(e)
         })
+    }
+
+    /// Paths whose FLUSH failed (capped at 64), for the shutdown summary.
+    pub fn failed_flushes(&self) -> Vec<String> {
+        self.failed_flushes.lock().clone()
     }
 
     /// FSYNC (or FSYNCDIR): `fsync`/`fdatasync` on the lower fd. Never ENOSYS.
@@ -884,9 +1031,16 @@ impl Fs {
             let mut st = h.inode.open.lock();
             st.opens = st.opens.saturating_sub(1);
             st.fds.retain(|(f, _)| *f != fh);
-            if let HandleKind::File { passthrough: true, .. } = h.kind {
+            if let HandleKind::File {
+                passthrough: true, ..
+            } = h.kind
+            {
                 st.passthrough_opens = st.passthrough_opens.saturating_sub(1);
-                if st.passthrough_opens == 0 { st.backing.take() } else { None }
+                if st.passthrough_opens == 0 {
+                    st.backing.take()
+                } else {
+                    None
+                }
             } else {
                 None
             }
@@ -905,12 +1059,18 @@ impl Fs {
         self.admission.check_alive()?;
         let inode = self.inode(nodeid)?;
         let pfd = self.inode_fd(&inode)?;
-        let fd = sys::openat(pfd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| self.lower_err(e))?;
+        let fd = sys::openat(pfd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| self.lower_err(e))?;
         let fh = self.next_fh.fetch_add(1, Relaxed);
         let handle = Handle {
             inode,
             fd: Arc::new(fd),
-            kind: HandleKind::Dir(Mutex::new(DirStream { buf: vec![0; 32 * 1024], pos: 0, len: 0, next_off: 0 })),
+            kind: HandleKind::Dir(Mutex::new(DirStream {
+                buf: vec![0; 32 * 1024],
+                pos: 0,
+                len: 0,
+                next_off: 0,
+            })),
             flags,
             guard: self.acct.handle(HandleMode::Dir),
         };
@@ -933,7 +1093,9 @@ impl Fs {
     ) -> Result<()> {
         self.admission.check_alive()?;
         let h = self.handle(nodeid, fh)?;
-        let HandleKind::Dir(stream) = &h.kind else { return Err(Errno::ENOTDIR.into()) };
+        let HandleKind::Dir(stream) = &h.kind else {
+            return Err(Errno::ENOTDIR.into());
+        };
         let mut s = stream.lock();
         if offset != s.next_off || (s.pos >= s.len && offset == 0) {
             sys::lseek(h.fd.as_fd(), offset, libc::SEEK_SET).map_err(|e| self.lower_err(e))?;
@@ -978,7 +1140,11 @@ impl Fs {
 
     /// The nodeid already assigned to a lower inode, if the kernel knows it.
     pub fn known_nodeid(&self, dev: u64, ino: u64) -> Option<u64> {
-        self.inodes.read().by_key.get(&InodeKey { dev, ino }).copied()
+        self.inodes
+            .read()
+            .by_key
+            .get(&InodeKey { dev, ino })
+            .copied()
     }
 
     /// The lower's `st_dev` of the root (directory entries are on it unless they are mounts).
@@ -1005,8 +1171,11 @@ impl Fs {
         let inode = self.inode(nodeid)?;
         let fd = self.inode_fd(&inode)?;
         let path = sys::proc_fd_path(fd.as_raw_fd());
-        nix::unistd::access(path.as_c_str(), nix::unistd::AccessFlags::from_bits_truncate(mask))
-            .map_err(|e| self.lower_err(e))
+        nix::unistd::access(
+            path.as_c_str(),
+            nix::unistd::AccessFlags::from_bits_truncate(mask),
+        )
+        .map_err(|e| self.lower_err(e))
     }
 
     fn xattr_fd(&self, nodeid: u64) -> Result<Arc<OwnedFd>> {
@@ -1109,13 +1278,17 @@ impl Fs {
         self.admission.check_alive()?;
         let hi = self.handle(ino_in, fh_in)?;
         let ho = self.handle(ino_out, fh_out)?;
-        sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags).map_err(|e| self.lower_err(e))
+        sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags)
+            .map_err(|e| self.lower_err(e))
     }
 
     /// Paths of the handles still open (capped), for `/status` and the shutdown summary.
     pub fn open_paths(&self, cap: usize) -> Vec<(String, HandleMode)> {
         let handles: Vec<Arc<Handle>> = self.handles.read().values().take(cap).cloned().collect();
-        handles.iter().map(|h| (h.inode.path().display().to_string(), h.mode())).collect()
+        handles
+            .iter()
+            .map(|h| (h.inode.path().display().to_string(), h.mode()))
+            .collect()
     }
 
     /// Closes every remaining lower fd (teardown after unmount, or at the deadline): flushes

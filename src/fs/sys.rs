@@ -17,7 +17,11 @@ fn cvt(ret: libc::c_int) -> Result<libc::c_int, Errno> {
 }
 
 fn cvt_ssize(ret: libc::ssize_t) -> Result<usize, Errno> {
-    if ret < 0 { Err(Errno::last()) } else { Ok(ret as usize) }
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(ret as usize)
+    }
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; with an empty name, `AT_EMPTY_PATH` (stat the
@@ -44,7 +48,12 @@ pub fn fstat(fd: BorrowedFd<'_>) -> Result<Stat, Errno> {
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> Result<OwnedFd, Errno> {
     // SAFETY: `name` is NUL-terminated; the returned fd is owned by nobody else.
     let fd = cvt(unsafe {
-        libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint)
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
     })?;
     // SAFETY: `fd` was just returned by openat and is owned by us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -99,7 +108,13 @@ pub fn renameat2(
 ) -> Result<(), Errno> {
     // SAFETY: plain syscall on NUL-terminated names.
     cvt(unsafe {
-        libc::renameat2(olddir.as_raw_fd(), oldname.as_ptr(), newdir.as_raw_fd(), newname.as_ptr(), flags)
+        libc::renameat2(
+            olddir.as_raw_fd(),
+            oldname.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            flags,
+        )
     })
     .map(drop)
 }
@@ -108,7 +123,13 @@ pub fn renameat2(
 pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> Result<(), Errno> {
     // SAFETY: plain syscall; AT_EMPTY_PATH with "" names the fd itself.
     let r = cvt(unsafe {
-        libc::linkat(fd.as_raw_fd(), c"".as_ptr(), newdir.as_raw_fd(), newname.as_ptr(), libc::AT_EMPTY_PATH)
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
     });
     match r {
         // Without CAP_DAC_READ_SEARCH, AT_EMPTY_PATH is refused: go through /proc instead.
@@ -116,7 +137,13 @@ pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> Re
             let path = proc_fd_path(fd.as_raw_fd());
             // SAFETY: plain syscall on NUL-terminated names.
             cvt(unsafe {
-                libc::linkat(libc::AT_FDCWD, path.as_ptr(), newdir.as_raw_fd(), newname.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    newdir.as_raw_fd(),
+                    newname.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
             })
             .map(drop)
         }
@@ -129,7 +156,12 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> Result<Vec<u8>, Errno> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `buf` is writable for its length.
     let n = cvt_ssize(unsafe {
-        libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
     })?;
     buf.truncate(n);
     Ok(buf)
@@ -138,7 +170,14 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> Result<Vec<u8>, Errno> {
 /// `pread`.
 pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
     // SAFETY: `buf` is writable for its length.
-    cvt_ssize(unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset as i64) })
+    cvt_ssize(unsafe {
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            offset as i64,
+        )
+    })
 }
 
 /// `pwrite`, repeated until everything is written or an error occurs.
@@ -146,7 +185,14 @@ pub fn pwrite_all(fd: BorrowedFd<'_>, mut data: &[u8], mut offset: u64) -> Resul
     let total = data.len();
     while !data.is_empty() {
         // SAFETY: `data` is readable for its length.
-        let n = cvt_ssize(unsafe { libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), offset as i64) })?;
+        let n = cvt_ssize(unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                offset as i64,
+            )
+        })?;
         if n == 0 {
             break;
         }
@@ -169,7 +215,14 @@ pub fn flush(fd: BorrowedFd<'_>) -> Result<(), Errno> {
 /// `fsync` or `fdatasync`.
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> Result<(), Errno> {
     // SAFETY: plain syscall on a valid fd.
-    cvt(unsafe { if datasync { libc::fdatasync(fd.as_raw_fd()) } else { libc::fsync(fd.as_raw_fd()) } }).map(drop)
+    cvt(unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    })
+    .map(drop)
 }
 
 /// `fallocate`.
@@ -198,7 +251,14 @@ pub fn copy_file_range(
     let mut oo = off_out as i64;
     // SAFETY: the offset pointers are valid for the call.
     cvt_ssize(unsafe {
-        libc::copy_file_range(fd_in.as_raw_fd(), &mut oi, fd_out.as_raw_fd(), &mut oo, len as usize, flags)
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            &mut oi,
+            fd_out.as_raw_fd(),
+            &mut oo,
+            len as usize,
+            flags,
+        )
     })
 }
 
@@ -221,8 +281,16 @@ pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> Result<(), Errno> {
 /// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`; `u32::MAX` leaves an id unchanged.
 pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> Result<(), Errno> {
     // SAFETY: plain syscall; "" with AT_EMPTY_PATH names the fd.
-    cvt(unsafe { libc::fchownat(fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })
-        .map(drop)
+    cvt(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
 }
 
 /// `truncate(/proc/self/fd/N, size)`.
@@ -239,7 +307,12 @@ pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> Result<(), Errno> {
 }
 
 /// `utimensat(dir, name, times, flags)`; an empty name with `AT_EMPTY_PATH` names the fd.
-pub fn utimensat(dir: BorrowedFd<'_>, name: &CStr, times: &[libc::timespec; 2], flags: i32) -> Result<(), Errno> {
+pub fn utimensat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    times: &[libc::timespec; 2],
+    flags: i32,
+) -> Result<(), Errno> {
     // SAFETY: `times` points at two timespecs.
     cvt(unsafe { libc::utimensat(dir.as_raw_fd(), name.as_ptr(), times.as_ptr(), flags) }).map(drop)
 }
@@ -252,7 +325,14 @@ pub mod xattr {
     pub fn get(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
         let path = proc_fd_path(fd.as_raw_fd());
         // SAFETY: buffer valid for its length (or null with 0).
-        cvt_ssize(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+        cvt_ssize(unsafe {
+            libc::getxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })
     }
 
     /// `listxattr`; an empty `buf` asks for the size.
@@ -266,7 +346,16 @@ pub mod xattr {
     pub fn set(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
         let path = proc_fd_path(fd.as_raw_fd());
         // SAFETY: value valid for its length.
-        cvt(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(drop)
+        cvt(unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        })
+        .map(drop)
     }
 
     /// `removexattr`.
@@ -280,8 +369,19 @@ pub mod xattr {
 /// Reads directory entries with `getdents64` into `buf`; returns the bytes filled (0 at end).
 pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
     // SAFETY: buffer valid for its length; the kernel writes whole dirent64 records.
-    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
-    if n < 0 { Err(Errno::last()) } else { Ok(n as usize) }
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// One record of a `getdents64` buffer.
@@ -313,7 +413,13 @@ pub fn parse_dirent(buf: &[u8]) -> Option<Dirent<'_>> {
     }
     let raw = &buf[19..reclen];
     let len = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
-    Some(Dirent { ino, off, typ, name: &raw[..len], reclen })
+    Some(Dirent {
+        ino,
+        off,
+        typ,
+        name: &raw[..len],
+        reclen,
+    })
 }
 
 /// Per-thread credentials for operations that create inodes: the lower then assigns the

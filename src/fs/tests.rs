@@ -3,11 +3,21 @@
 use super::*;
 
 fn fs_on(dir: &Path, max_fds: usize) -> Fs {
-    Fs::new(dir, CoreConfig { max_lower_fds: max_fds }, Accounting::new(), Admission::new()).unwrap()
+    Fs::new(
+        dir,
+        CoreConfig {
+            max_lower_fds: max_fds,
+        },
+        Accounting::new(),
+        Admission::new(),
+    )
+    .unwrap()
 }
 
 fn create(fs: &Fs, parent: u64, name: &str) -> (Entry, u64) {
-    let (e, o) = fs.create(parent, OsStr::new(name), 0o644, libc::O_RDWR, 0, 0, None).unwrap();
+    let (e, o) = fs
+        .create(parent, OsStr::new(name), 0o644, libc::O_RDWR, 0, 0, None)
+        .unwrap();
     (e, o.fh)
 }
 
@@ -22,11 +32,23 @@ fn hard_links_share_a_nodeid_and_rename_keeps_it() {
     assert_eq!(l.nodeid, e.nodeid);
     assert_eq!(l.st.st_nlink, 2);
     let d = fs.mkdir(ROOT_ID, OsStr::new("d"), 0o755, 0, 0).unwrap();
-    fs.rename(ROOT_ID, OsStr::new("a"), d.nodeid, OsStr::new("c"), 0).unwrap();
-    assert_eq!(fs.lookup(d.nodeid, OsStr::new("c")).unwrap().nodeid, e.nodeid);
+    fs.rename(ROOT_ID, OsStr::new("a"), d.nodeid, OsStr::new("c"), 0)
+        .unwrap();
+    assert_eq!(
+        fs.lookup(d.nodeid, OsStr::new("c")).unwrap().nodeid,
+        e.nodeid
+    );
     assert_eq!(fs.getattr(e.nodeid, None).unwrap().st_size, 5);
     // RENAME_NOREPLACE onto an existing name is the lower's EEXIST.
-    let err = fs.rename(d.nodeid, OsStr::new("c"), ROOT_ID, OsStr::new("b"), libc::RENAME_NOREPLACE).unwrap_err();
+    let err = fs
+        .rename(
+            d.nodeid,
+            OsStr::new("c"),
+            ROOT_ID,
+            OsStr::new("b"),
+            libc::RENAME_NOREPLACE,
+        )
+        .unwrap_err();
     assert_eq!(err.kind.errno(), Errno::EEXIST);
 }
 
@@ -34,11 +56,29 @@ fn hard_links_share_a_nodeid_and_rename_keeps_it() {
 fn lower_errnos_pass_through() {
     let dir = tempfile::tempdir().unwrap();
     let fs = fs_on(dir.path(), 64);
-    assert_eq!(fs.lookup(ROOT_ID, OsStr::new("missing")).unwrap_err().kind.errno(), Errno::ENOENT);
+    assert_eq!(
+        fs.lookup(ROOT_ID, OsStr::new("missing"))
+            .unwrap_err()
+            .kind
+            .errno(),
+        Errno::ENOENT
+    );
     let d = fs.mkdir(ROOT_ID, OsStr::new("d"), 0o755, 0, 0).unwrap();
     create(&fs, d.nodeid, "f");
-    assert_eq!(fs.unlink(ROOT_ID, OsStr::new("d"), true).unwrap_err().kind.errno(), Errno::ENOTEMPTY);
-    assert_eq!(fs.mkdir(ROOT_ID, OsStr::new("d"), 0o755, 0, 0).unwrap_err().kind.errno(), Errno::EEXIST);
+    assert_eq!(
+        fs.unlink(ROOT_ID, OsStr::new("d"), true)
+            .unwrap_err()
+            .kind
+            .errno(),
+        Errno::ENOTEMPTY
+    );
+    assert_eq!(
+        fs.mkdir(ROOT_ID, OsStr::new("d"), 0o755, 0, 0)
+            .unwrap_err()
+            .kind
+            .errno(),
+        Errno::EEXIST
+    );
 }
 
 #[test]
@@ -63,12 +103,17 @@ fn fd_cache_stays_within_budget() {
     let fs = fs_on(dir.path(), 16);
     let mut dirs = vec![ROOT_ID];
     for i in 0..40 {
-        dirs.push(fs.mkdir(dirs[i / 4], OsStr::new(&format!("d{i}")), 0o755, 0, 0).unwrap().nodeid);
+        dirs.push(
+            fs.mkdir(dirs[i / 4], OsStr::new(&format!("d{i}")), 0o755, 0, 0)
+                .unwrap()
+                .nodeid,
+        );
     }
     for (i, d) in dirs.iter().enumerate() {
         let (e, fh) = create(&fs, *d, &format!("f{i}"));
         fs.release(e.nodeid, fh).unwrap();
-        fs.setattr(e.nodeid, None, Some(0o600), None, None, None, None, false).unwrap();
+        fs.setattr(e.nodeid, None, Some(0o600), None, None, None, None, false)
+            .unwrap();
     }
     assert!(fs.cached_fds() <= 16, "{} cached", fs.cached_fds());
     for d in &dirs {
@@ -82,8 +127,21 @@ fn closed_admission_refuses_opens_but_not_open_handles() {
     let fs = fs_on(dir.path(), 64);
     let (e, fh) = create(&fs, ROOT_ID, "f");
     fs.admission.close();
-    assert_eq!(fs.open(e.nodeid, libc::O_RDONLY, None).err().unwrap().kind.errno(), Errno::ESHUTDOWN);
-    assert_eq!(fs.mkdir(ROOT_ID, OsStr::new("x"), 0o755, 0, 0).unwrap_err().kind.errno(), Errno::ESHUTDOWN);
+    assert_eq!(
+        fs.open(e.nodeid, libc::O_RDONLY, None)
+            .err()
+            .unwrap()
+            .kind
+            .errno(),
+        Errno::ESHUTDOWN
+    );
+    assert_eq!(
+        fs.mkdir(ROOT_ID, OsStr::new("x"), 0o755, 0, 0)
+            .unwrap_err()
+            .kind
+            .errno(),
+        Errno::ESHUTDOWN
+    );
     assert_eq!(fs.write(e.nodeid, fh, 0, b"late", false).unwrap(), 4);
     fs.flush(e.nodeid, fh).unwrap();
     fs.release(e.nodeid, fh).unwrap();
@@ -103,5 +161,8 @@ fn forget_removes_at_zero_and_saturates() {
     fs.forget(e.nodeid, 5);
     assert_eq!(fs.inode_count(), 1);
     fs.forget(e.nodeid, 1);
-    assert_eq!(fs.getattr(e.nodeid, None).unwrap_err().kind.errno(), Errno::ESTALE);
+    assert_eq!(
+        fs.getattr(e.nodeid, None).unwrap_err().kind.errno(),
+        Errno::ESTALE
+    );
 }

@@ -1497,6 +1497,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
     Ok(code)
 }
 
+/// Entry point: parse the command line, mount, serve, and map errors to a one-line message
+/// and exit status 1 (2 for usage errors, from clap).
 fn main() -> ExitCode {
     ensure_std_fds();
     let args = Args::parse();

@@ -1,0 +1,308 @@
+//! Prometheus metrics, all prefixed `drainfs_`, in base units, with no high-cardinality labels
+//! (no paths, no inode numbers). They are read from the accounting atomics and the lifecycle
+//! state at scrape time by one [`Collector`], so serving requests costs nothing extra.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `drainfs_build_info` | info | `version` |
+//! | `drainfs_phase` | gauge (1 for the current phase) | `phase` |
+//! | `drainfs_requests_total` | counter | `op` |
+//! | `drainfs_request_errors_total` | counter | `op` |
+//! | `drainfs_request_duration_seconds` | histogram | `op` |
+//! | `drainfs_requests_in_flight` | gauge | — |
+//! | `drainfs_open_handles` | gauge | `mode` = read, write, dir |
+//! | `drainfs_handles_opened_total` | counter | `mode` |
+//! | `drainfs_lower_flush_duration_seconds` | histogram | — |
+//! | `drainfs_lower_fsync_duration_seconds` | histogram | — |
+//! | `drainfs_lower_flush_errors_total` | counter | — |
+//! | `drainfs_lower_calls_in_progress` | gauge | `call` = flush, fsync, release |
+//! | `drainfs_read_bytes_total`, `drainfs_written_bytes_total` | counter | — (drainfs's own data path; kernel passthrough I/O is not seen) |
+//! | `drainfs_shutdown_triggers_total` | counter | `cause` |
+//! | `drainfs_drain_duration_seconds` | gauge | — (0 until drained) |
+//! | `drainfs_deadline_remaining_seconds` | gauge | — (absent before a trigger) |
+//! | `drainfs_forced_shutdowns_total` | counter | `reason` |
+//! | `drainfs_lower_up` | gauge | — |
+//! | `drainfs_passthrough_enabled` | gauge | — |
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::accounting::{DURATION_BUCKETS, HandleMode, Histogram, Op};
+use crate::lifecycle::{Cause, Phase, Shared};
+
+/// Builds the registry with the drainfs collector.
+pub fn registry(shared: Arc<Shared>) -> Registry {
+    let mut r = Registry::with_prefix("drainfs");
+    r.register_collector(Box::new(DrainCollector { shared }));
+    r
+}
+
+#[derive(Debug)]
+struct DrainCollector {
+    shared: Arc<Shared>,
+}
+
+type Labels<'a> = [(&'static str, &'a str); 1];
+
+fn histogram_buckets(h: &Histogram) -> (Vec<(f64, u64)>, f64, u64) {
+    let (b, sum, count) = h.snapshot();
+    let mut out: Vec<(f64, u64)> = DURATION_BUCKETS
+        .iter()
+        .copied()
+        .zip(b.iter().copied())
+        .collect();
+    out.push((f64::INFINITY, b[b.len() - 1]));
+    (out, sum, count)
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    m.encode_counter::<NoLabelSet, _, u64>(&v, None)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    m.encode_gauge(&v)
+}
+
+fn gauge_f(enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    m.encode_gauge(&v)
+}
+
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &Histogram,
+) -> std::fmt::Result {
+    let (b, sum, count) = histogram_buckets(h);
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    m.encode_histogram::<NoLabelSet>(sum, count, &b, None)
+}
+
+impl Collector for DrainCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.shared;
+        let a = &s.acct;
+        {
+            let info = prometheus_client::metrics::info::Info::new([(
+                "version",
+                env!("CARGO_PKG_VERSION"),
+            )]);
+            let m = enc.encode_descriptor(
+                "build",
+                "drainfs build information",
+                None,
+                info.metric_type(),
+            )?;
+            info.encode(m)?;
+        }
+        {
+            let phase = s.phase();
+            let mut m = enc.encode_descriptor(
+                "phase",
+                "Lifecycle phase (1 for the current one)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for p in Phase::ALL {
+                let l: Labels = [("phase", p.name())];
+                m.encode_family(&l)?.encode_gauge(&i64::from(p == phase))?;
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "requests",
+                "FUSE requests answered, by operation",
+                None,
+                MetricType::Counter,
+            )?;
+            for op in Op::ALL {
+                let l: Labels = [("op", op.name())];
+                m.encode_family(&l)?.encode_counter::<NoLabelSet, _, u64>(
+                    &a.op_stats(*op).count.load(Relaxed),
+                    None,
+                )?;
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "request_errors",
+                "FUSE requests answered with an error, by operation",
+                None,
+                MetricType::Counter,
+            )?;
+            for op in Op::ALL {
+                let l: Labels = [("op", op.name())];
+                m.encode_family(&l)?.encode_counter::<NoLabelSet, _, u64>(
+                    &a.op_stats(*op).errors.load(Relaxed),
+                    None,
+                )?;
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "request_duration_seconds",
+                "FUSE request duration, by operation",
+                None,
+                MetricType::Histogram,
+            )?;
+            for op in Op::ALL {
+                let (b, sum, count) = histogram_buckets(&a.op_stats(*op).duration);
+                let l: Labels = [("op", op.name())];
+                m.encode_family(&l)?
+                    .encode_histogram::<NoLabelSet>(sum, count, &b, None)?;
+            }
+        }
+        let out = a.outstanding();
+        gauge(
+            &mut enc,
+            "requests_in_flight",
+            "FUSE requests being served",
+            out.in_flight,
+        )?;
+        {
+            let mut m = enc.encode_descriptor(
+                "open_handles",
+                "Open handles, by mode",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (mode, v) in [
+                ("read", out.open_read),
+                ("write", out.open_write),
+                ("dir", out.open_dirs),
+            ] {
+                let l: Labels = [("mode", mode)];
+                m.encode_family(&l)?.encode_gauge(&v)?;
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "handles_opened",
+                "Handles opened, by mode",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, mode) in [
+                ("read", HandleMode::Read),
+                ("write", HandleMode::Write),
+                ("dir", HandleMode::Dir),
+            ] {
+                let l: Labels = [("mode", name)];
+                m.encode_family(&l)?
+                    .encode_counter::<NoLabelSet, _, u64>(&a.handles_opened(mode), None)?;
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "lower_calls_in_progress",
+                "Lower FLUSH/FSYNC/RELEASE calls in progress",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (name, v) in [
+                ("flush", out.lower_flush),
+                ("fsync", out.lower_fsync),
+                ("release", out.lower_release),
+            ] {
+                let l: Labels = [("call", name)];
+                m.encode_family(&l)?.encode_gauge(&v)?;
+            }
+        }
+        histogram(
+            &mut enc,
+            "lower_flush_duration_seconds",
+            "Duration of lower flushes (uploads on gcsfuse)",
+            &a.lower_flush_duration,
+        )?;
+        histogram(
+            &mut enc,
+            "lower_fsync_duration_seconds",
+            "Duration of lower fsyncs",
+            &a.lower_fsync_duration,
+        )?;
+        counter(
+            &mut enc,
+            "lower_flush_errors",
+            "Lower flushes that failed",
+            a.lower_flush_errors.load(Relaxed),
+        )?;
+        counter(
+            &mut enc,
+            "read_bytes",
+            "Bytes read through drainfs's own data path (not kernel passthrough)",
+            a.bytes_read.load(Relaxed),
+        )?;
+        counter(
+            &mut enc,
+            "written_bytes",
+            "Bytes written through drainfs's own data path (not kernel passthrough)",
+            a.bytes_written.load(Relaxed),
+        )?;
+        {
+            let t = s.triggers.lock().clone();
+            let mut m = enc.encode_descriptor(
+                "shutdown_triggers",
+                "Shutdown triggers received, by cause",
+                None,
+                MetricType::Counter,
+            )?;
+            for cause in Cause::LABELS {
+                let v = t.iter().find(|(k, _)| *k == cause).map_or(0, |(_, n)| *n);
+                let l: Labels = [("cause", cause)];
+                m.encode_family(&l)?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
+        {
+            let f = s.forced.lock().clone();
+            let mut m = enc.encode_descriptor(
+                "forced_shutdowns",
+                "Shutdowns forced with work outstanding, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for reason in ["deadline", "second_signal", "lower_died", "lower_sigkill"] {
+                let v = f.iter().find(|(k, _)| *k == reason).map_or(0, |(_, n)| *n);
+                let l: Labels = [("reason", reason)];
+                m.encode_family(&l)?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
+        let snap_drain = s.drain_seconds();
+        gauge_f(
+            &mut enc,
+            "drain_duration_seconds",
+            "Time from the first trigger to drained (0 until drained)",
+            snap_drain.unwrap_or(0.0),
+        )?;
+        if let Some(left) = s.deadline_left() {
+            gauge_f(
+                &mut enc,
+                "deadline_remaining_seconds",
+                "Time left before the forced-exit deadline",
+                left.as_secs_f64(),
+            )?;
+        }
+        gauge(
+            &mut enc,
+            "lower_up",
+            "Whether the lower's process is up",
+            i64::from(s.lower_up()),
+        )?;
+        gauge(
+            &mut enc,
+            "passthrough_enabled",
+            "Whether kernel passthrough is in effect",
+            i64::from(s.passthrough()),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,379 @@
+//! Mount-table facts and mount/unmount actions: pre-flight checks of `run`, finding the mount
+//! at a path in `/proc/self/mountinfo`, unmounting with `fusermount3`, and detecting dead FUSE
+//! mounts ("Transport endpoint is not connected").
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::procs;
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    /// Unique mount id.
+    pub id: u64,
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// Filesystem type (`fuse`, `fuse.drainfs`, `tmpfs`...).
+    pub fstype: String,
+    /// Mount source.
+    pub source: String,
+}
+
+fn unescape(field: &str) -> PathBuf {
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsString::from_vec(out))
+}
+
+/// Parses mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split(" - ");
+            let left: Vec<&str> = parts.next()?.split(' ').collect();
+            let right: Vec<&str> = parts.next()?.split(' ').collect();
+            Some(MountInfo {
+                id: left.first()?.parse().ok()?,
+                mount_point: unescape(left.get(4)?),
+                fstype: (*right.first()?).to_string(),
+                source: unescape(right.get(1)?).to_string_lossy().into_owned(),
+            })
+        })
+        .collect()
+}
+
+/// All mounts of this process's mount namespace.
+pub fn mounts() -> Vec<MountInfo> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_mountinfo(&t))
+        .unwrap_or_default()
+}
+
+/// The topmost mount whose mount point is exactly `path` (which must be absolute and
+/// canonical), if any.
+pub fn mount_at(path: &Path) -> Option<MountInfo> {
+    mounts().into_iter().rev().find(|m| m.mount_point == path)
+}
+
+/// Canonical absolute form of a path that may be a dead mount (where `canonicalize` fails
+/// with ENOTCONN): canonicalize the parent and append the last component.
+pub fn absolute(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .unwrap_or_else(|_| PathBuf::from("/"))
+            .join(path)
+    };
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .unwrap_or_else(|_| parent.to_path_buf())
+            .join(name),
+        _ => abs,
+    }
+}
+
+/// Whether `path` is a FUSE mount whose daemon is gone: `stat` fails with ENOTCONN or
+/// ECONNABORTED.
+pub fn is_dead(path: &Path) -> bool {
+    match std::fs::metadata(path) {
+        Err(e) => matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+        ),
+        Ok(_) => false,
+    }
+}
+
+/// A failed pre-flight check of `run`: one readable line, exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Preflight(pub String);
+
+/// Checks what `run` needs before anything is started: the lower is a directory (only when
+/// `lower_must_exist`: a spawned lower may create its mountpoint... but it must exist to be
+/// mounted on, so this is always checked), the mountpoint is an existing directory that is not
+/// already a mount and not inside the lower, `/dev/fuse` opens read-write, `fusermount3` is on
+/// PATH.
+///
+/// # Errors
+/// The first failed check, as one line naming the path and the fix.
+pub fn preflight(lower: &Path, mountpoint: &Path) -> Result<(PathBuf, PathBuf), Preflight> {
+    let lower_abs = match std::fs::metadata(lower) {
+        Ok(m) if m.is_dir() => absolute(lower),
+        Ok(_) => {
+            return Err(Preflight(format!(
+                "--lower {}: not a directory",
+                lower.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Preflight(format!(
+                "--lower {}: no such directory",
+                lower.display()
+            )));
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+            ) =>
+        {
+            return Err(Preflight(format!(
+                "--lower {}: dead FUSE mount (transport endpoint is not connected); repair it with `drainfs cleanup {}`",
+                lower.display(),
+                lower.display()
+            )));
+        }
+        Err(e) => return Err(Preflight(format!("--lower {}: {e}", lower.display()))),
+    };
+    let mp_abs = match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => absolute(mountpoint),
+        Ok(_) => {
+            return Err(Preflight(format!(
+                "--mountpoint {}: not a directory",
+                mountpoint.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Preflight(format!(
+                "--mountpoint {}: no such directory (create it first)",
+                mountpoint.display()
+            )));
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+            ) =>
+        {
+            return Err(Preflight(format!(
+                "--mountpoint {}: dead FUSE mount left by a killed process; repair it with `drainfs cleanup {}`",
+                mountpoint.display(),
+                mountpoint.display()
+            )));
+        }
+        Err(e) => {
+            return Err(Preflight(format!(
+                "--mountpoint {}: {e}",
+                mountpoint.display()
+            )));
+        }
+    };
+    if let Some(m) = mount_at(&mp_abs) {
+        return Err(Preflight(format!(
+            "--mountpoint {}: already a mount ({} from {}); unmount it or choose another directory",
+            mountpoint.display(),
+            m.fstype,
+            m.source
+        )));
+    }
+    if mp_abs.starts_with(&lower_abs) {
+        return Err(Preflight(format!(
+            "--mountpoint {} is inside --lower {}: drainfs would serve itself",
+            mountpoint.display(),
+            lower.display()
+        )));
+    }
+    if lower_abs.starts_with(&mp_abs) {
+        return Err(Preflight(format!(
+            "--lower {} is inside --mountpoint {}: the lower would be hidden by drainfs's own mount",
+            lower.display(),
+            mountpoint.display()
+        )));
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Err(Preflight(format!(
+            "/dev/fuse is unusable ({e}); load the fuse module or give the container /dev/fuse"
+        )));
+    }
+    if which("fusermount3").is_none() {
+        return Err(Preflight(
+            "fusermount3 not found on PATH; install fuse3 (apt-get install fuse3)".to_string(),
+        ));
+    }
+    Ok((lower_abs, mp_abs))
+}
+
+/// The first `name` on PATH that is an executable file.
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+}
+
+/// How an unmount went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unmounted {
+    /// The mount is gone.
+    Clean,
+    /// The mount was busy and was detached lazily (open files keep it alive).
+    Lazy,
+    /// Nothing was mounted there.
+    NotMounted,
+}
+
+/// Unmounts `path` with `fusermount3 -u` (`-z` when `lazy`), falling back to `umount2`
+/// (MNT_DETACH when lazy) for non-FUSE mounts or when fusermount3 refuses. `timeout` bounds the
+/// helper process.
+///
+/// # Errors
+/// A message with fusermount3's stderr when the mount is still there afterwards.
+pub fn unmount(path: &Path, lazy: bool, timeout: Duration) -> Result<Unmounted, String> {
+    let abs = absolute(path);
+    if mount_at(&abs).is_none() {
+        return Ok(Unmounted::NotMounted);
+    }
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u").arg("-q");
+    if lazy {
+        cmd.arg("-z");
+    }
+    cmd.arg("--").arg(&abs);
+    let out = procs::output(cmd, timeout);
+    if mount_at(&abs).is_none() {
+        return Ok(if lazy {
+            Unmounted::Lazy
+        } else {
+            Unmounted::Clean
+        });
+    }
+    let c = std::ffi::CString::new(abs.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: umount2 on a NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), flags) };
+    if r == 0 || mount_at(&abs).is_none() {
+        return Ok(if lazy {
+            Unmounted::Lazy
+        } else {
+            Unmounted::Clean
+        });
+    }
+    let errno = std::io::Error::last_os_error();
+    let stderr = match out {
+        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(format!(
+        "unmount {} failed: {errno}; fusermount3: {stderr}",
+        abs.display()
+    ))
+}
+
+/// Unmounts `path` normally; if it is busy, detaches it lazily.
+///
+/// # Errors
+/// When even the lazy unmount fails.
+pub fn unmount_or_detach(path: &Path, timeout: Duration) -> Result<Unmounted, String> {
+    match unmount(path, false, timeout) {
+        Ok(u) => Ok(u),
+        Err(first) => {
+            tracing::warn!(path = %path.display(), error = %first, "unmount failed (busy?); detaching lazily");
+            unmount(path, true, timeout)
+        }
+    }
+}
+
+/// Aborts the FUSE connection behind a mount (`/sys/fs/fuse/connections/<dev>/abort`), which
+/// fails every request waiting on a wedged daemon. Returns whether it was written.
+pub fn abort_fuse_connection(path: &Path) -> bool {
+    let abs = absolute(path);
+    let Some(m) = mount_at(&abs) else {
+        return false;
+    };
+    if !m.fstype.starts_with("fuse") {
+        return false;
+    }
+    // The connection's number is the minor of the mount's st_dev, read from mountinfo's
+    // major:minor field (stat on a wedged mount would hang).
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(line) = text
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').next().and_then(|i| i.parse::<u64>().ok()) == Some(m.id))
+    else {
+        return false;
+    };
+    let Some(devno) = line.split(' ').nth(2) else {
+        return false;
+    };
+    let Some(minor) = devno.split(':').nth(1) else {
+        return false;
+    };
+    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo_with_escapes() {
+        let text = "36 35 98:0 / /mnt/with\\040space rw,noatime master:1 - fuse.drainfs drainfs rw,user_id=0\n\
+                    37 35 0:45 / /tmp/x rw - tmpfs tmpfs rw\n";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].mount_point, PathBuf::from("/mnt/with space"));
+        assert_eq!(m[0].fstype, "fuse.drainfs");
+        assert_eq!((m[1].id, m[1].fstype.as_str()), (37, "tmpfs"));
+    }
+
+    #[test]
+    fn preflight_rejects_bad_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let lower = d.path().join("lower");
+        let mp = d.path().join("mnt");
+        std::fs::create_dir(&lower).unwrap();
+        std::fs::write(d.path().join("file"), b"").unwrap();
+        let cases: Vec<(PathBuf, PathBuf, &str)> = vec![
+            (d.path().join("missing"), mp.clone(), "no such directory"),
+            (d.path().join("file"), mp.clone(), "not a directory"),
+            (lower.clone(), d.path().join("missing"), "no such directory"),
+            (lower.clone(), lower.join("inner"), "inside --lower"),
+        ];
+        std::fs::create_dir(lower.join("inner")).unwrap();
+        std::fs::create_dir(&mp).unwrap();
+        for (l, m, want) in cases {
+            let err = preflight(&l, &m).unwrap_err().0;
+            assert!(err.contains(want), "{l:?} {m:?}: {err}");
+        }
+        assert!(
+            preflight(&d.path().join("lower"), Path::new("/proc"))
+                .unwrap_err()
+                .0
+                .contains("already a mount")
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! Shutdown triggers other than signals: exit files and the watched workload process.
+//! They only send [`Event`]s; the lifecycle decides.
+//!
+//! Exit files are watched with inotify on their parent directories **plus an initial scan**,
+//! so a file created before drainfs started still counts (the GKE layout
+//! `/gcsfuse-tmp/.volumes/exit` is written by the node driver, possibly early). A parent that
+//! does not exist yet is re-checked every 500 ms until it does.
+//! The watched process is followed through a pidfd (`pidfd_open(2)`), which becomes readable
+//! when the process exits, without polling and without being its parent.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use inotify::{Inotify, WatchMask};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::LifecycleConfig;
+use crate::lifecycle::{Cause, Event};
+
+/// Starts the exit-file and watched-pid tasks on the current tokio runtime.
+pub fn start(cfg: &LifecycleConfig, tx: UnboundedSender<Event>) {
+    if !cfg.exit_files.is_empty() {
+        let files = cfg.exit_files.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = watch_exit_files(files, tx).await {
+                tracing::error!(error = %e, "exit-file watcher failed");
+            }
+        });
+    }
+    if let Some(pid) = cfg.watch_pid {
+        tokio::spawn(async move {
+            wait_pid_exit(pid).await;
+            tracing::info!(pid, "the watched process exited");
+            let _ = tx.send(Event::Trigger(Cause::WatchedPidExited { pid }));
+        });
+    }
+}
+
+fn absolute(p: &PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p.clone()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(p)
+    }
+}
+
+async fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> std::io::Result<()> {
+    let files: Vec<PathBuf> = files.iter().map(absolute).collect();
+    let mut inotify = Inotify::init()?;
+    // parent dir -> names watched in it
+    let mut wanted: HashMap<PathBuf, Vec<(OsString, PathBuf)>> = HashMap::new();
+    for f in &files {
+        let (Some(dir), Some(name)) = (f.parent(), f.file_name()) else {
+            continue;
+        };
+        wanted
+            .entry(dir.to_path_buf())
+            .or_default()
+            .push((name.to_os_string(), f.clone()));
+    }
+    let mut by_wd = HashMap::new();
+    let mut pending: Vec<PathBuf> = Vec::new();
+    for dir in wanted.keys() {
+        match inotify.watches().add(
+            dir,
+            WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE,
+        ) {
+            Ok(wd) => {
+                by_wd.insert(wd, dir.clone());
+            }
+            Err(_) => pending.push(dir.clone()),
+        }
+    }
+    // Initial scan, after the watches exist, so nothing created in between is missed.
+    if let Some(f) = files.iter().find(|f| f.exists()) {
+        tracing::info!(path = %f.display(), "exit file already present");
+        let _ = tx.send(Event::Trigger(Cause::ExitFile { path: f.clone() }));
+        return Ok(());
+    }
+    // SAFETY: `inotify` owns this fd and outlives `afd` (declared after it, dropped before).
+    let afd = unsafe { AsyncFd::register_with_interest(inotify.as_raw_fd(), Interest::READABLE) }
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut buf = [0u8; 4096];
+    loop {
+        tokio::select! {
+            guard = afd.readable() => {
+                let mut guard = guard?;
+                match inotify.read_events(&mut buf) {
+                    Ok(events) => {
+                        for ev in events {
+                            let Some(dir) = by_wd.get(&ev.wd) else { continue };
+                            let Some(name) = ev.name else { continue };
+                            if let Some((_, full)) = wanted.get(dir).and_then(|v| v.iter().find(|(n, _)| n == name)) {
+                                tracing::info!(path = %full.display(), "exit file appeared");
+                                let _ = tx.send(Event::Trigger(Cause::ExitFile { path: full.clone() }));
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
+                    Err(e) => return Err(e),
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(500)), if !pending.is_empty() => {
+                let mut still = Vec::new();
+                for dir in pending.drain(..) {
+                    match inotify.watches().add(&dir, WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE) {
+                        Ok(wd) => { by_wd.insert(wd, dir.clone()); }
+                        Err(_) => still.push(dir),
+                    }
+                }
+                pending = still;
+                if let Some(f) = files.iter().find(|f| f.exists()) {
+                    let _ = tx.send(Event::Trigger(Cause::ExitFile { path: f.clone() }));
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when process `pid` has exited (immediately if it does not exist). Uses a pidfd;
+/// falls back to polling `kill(pid, 0)` every 100 ms where pidfds are unavailable.
+pub async fn wait_pid_exit(pid: i32) {
+    // SAFETY: pidfd_open has no memory arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd >= 0 {
+        // SAFETY: a fresh fd owned by us.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // SAFETY: `owned` is moved into the AsyncFd and stays open for its whole life.
+        if let Ok(afd) = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) } {
+            let _ = afd.readable().await;
+            return;
+        }
+    } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return;
+    }
+    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
