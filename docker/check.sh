@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Offline checks for the container image and the Kubernetes manifests (no cluster, no container
 # engine needed):
-#   1. hadolint on docker/Dockerfile
+#   1. hadolint on docker/Dockerfile (and shellcheck on this script)
 #   2. yamllint (docker/.yamllint, --strict) on docker/k8s
 #   3. every manifest validates, strictly (unknown fields rejected), against the Kubernetes 1.29
 #      and 1.33 schemas shipped by kubernetes-validate
@@ -65,6 +65,14 @@ echo "kubernetes-validate $("$BIN/kubernetes-validate" --version)"
 mapfile -t MANIFESTS < <(find "$HERE/k8s" -maxdepth 1 -type f \( -name '*.yaml' -o -name '*.yml' \) | sort)
 if ((${#MANIFESTS[@]} == 0)); then
   fail "no manifests in $HERE/k8s"
+fi
+
+# ------------------------------------------------------------------------------------------------
+step "shellcheck docker/check.sh"
+if "$BIN/shellcheck" "$HERE/check.sh"; then
+  echo "ok"
+else
+  fail "shellcheck docker/check.sh"
 fi
 
 # ------------------------------------------------------------------------------------------------
@@ -156,6 +164,7 @@ if "${EXTRACT[@]}" --wrapper "${MANIFESTS[@]}" >"$work/wrapper.sh"; then
   for sh in dash bash; do
     command -v "$sh" >/dev/null || continue
     d="$work/$sh-status" && mkdir -p "$d" && touch "$d/ready"
+    # shellcheck disable=SC2016 # $0/$@ belong to the inner sh
     rc=0 && "$sh" -c "$(wrapper_for "$d" 1200)" drainfs-entrypoint \
       sh -c 'echo "$@" > "$0/args"; exit 3' "$d" a 'b c' || rc=$?
     expect "$sh: workload status is passed through" 3 "$rc" "$d"
@@ -173,6 +182,7 @@ if "${EXTRACT[@]}" --wrapper "${MANIFESTS[@]}" >"$work/wrapper.sh"; then
     # SIGTERM while the workload runs: passed on, the workload's status (143) is returned.
     d="$work/$sh-term" && mkdir -p "$d" && touch "$d/ready"
     # (a simple command in the background: $! is the wrapper itself, not a subshell)
+    # shellcheck disable=SC2016 # $0 belongs to the inner sh
     "$sh" -c "$(wrapper_for "$d" 1200)" drainfs-entrypoint \
       sh -c 'trap "exit 143" TERM; touch "$0/started"; sleep 30 & wait' "$d" &
     pid=$!

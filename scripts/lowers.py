@@ -33,7 +33,9 @@ CLI (every command prints one JSON document on stdout; errors go to stderr, exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import hmac
 import http.client
@@ -100,6 +102,18 @@ def load_state(workdir: str) -> dict:
             return json.load(f)
     except FileNotFoundError:
         return {"servers": {}, "mounts": []}
+
+
+@contextlib.contextmanager
+def state_lock(workdir: str):
+    """Serialize read-modify-write of the state file (concurrent CLI calls on one work dir)."""
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(os.path.join(workdir, ".lowers-state.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def save_state(workdir: str, state: dict) -> None:
@@ -364,9 +378,10 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
         "endpoint": f"http://127.0.0.1:{port}",
         "log": log_path,
     }
-    state = load_state(workdir)
-    state["servers"][kind] = info
-    save_state(workdir, state)
+    with state_lock(workdir):
+        state = load_state(workdir)
+        state["servers"][kind] = info
+        save_state(workdir, state)
     return info
 
 
@@ -453,9 +468,10 @@ def mount(kind: str, workdir: str, mountpoint: str, timeout: float = 30.0) -> di
     proc = spawn(mount_argv(kind, workdir, mountpoint), log_path)
     info = {"kind": kind, "pid": proc.pid, "start_time": _proc_start_time(proc.pid),
             "mountpoint": mountpoint, "log": log_path}
-    state = load_state(workdir)
-    state["mounts"].append(info)
-    save_state(workdir, state)
+    with state_lock(workdir):
+        state = load_state(workdir)
+        state["mounts"].append(info)
+        save_state(workdir, state)
     try:
         wait_mount(mountpoint, timeout, FSTYPES[kind], proc, log_path)
     except LowersError:
@@ -554,6 +570,11 @@ def stop(workdir: str, kind: str | None = None, timeout: float = 15.0) -> dict:
     """Unmount and stop recorded FUSE clients (SIGINT, then SIGKILL), then the servers
     (SIGTERM, then SIGKILL). Only processes recorded in the state file are touched."""
     workdir = os.path.abspath(workdir)
+    with state_lock(workdir):
+        return _stop_locked(workdir, kind, timeout)
+
+
+def _stop_locked(workdir: str, kind: str | None, timeout: float) -> dict:
     state = load_state(workdir)
     report = {"mounts": {}, "servers": {}}
     keep = []

@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use crate::accounting::Op;
 use crate::config::PassthroughMode;
 use crate::error::Error;
-use crate::fs::{Backing, Entry, Fs, XattrReply, sys::Stat};
+use crate::fs::{Backing, Caller, Entry, Fs, XattrReply, sys::Stat};
 
 /// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
 pub const MAX_IO: u32 = 1 << 20;
@@ -94,6 +94,15 @@ pub fn has_cap_sys_admin() -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
+/// Who sent a request that creates an inode (credentials are switched to it on the lower).
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
 }
 
 fn errno(e: Error) -> Errno {
@@ -317,7 +326,7 @@ impl Filesystem for DrainFs {
             (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
         // KILLPRIV_V2: a truncate by a caller without CAP_FSETID must clear suid/sgid; fuser
         // does not pass FATTR_KILL_SUIDGID through, so non-root callers stand for it.
-        let kill = size.is_some() && req.uid() != 0;
+        let kill = (size.is_some() && req.uid() != 0).then(|| caller(req));
         match self
             .core
             .setattr(ino.0, fh.map(|f| f.0), mode, uid, gid, size, times, kill)
@@ -346,10 +355,7 @@ impl Filesystem for DrainFs {
         reply: ReplyEntry,
     ) {
         let mut g = self.core.acct.op(Op::Mknod);
-        match self
-            .core
-            .mknod(parent.0, name, mode, rdev, req.uid(), req.gid())
-        {
+        match self.core.mknod(parent.0, name, mode, rdev, caller(req)) {
             Ok(e) => self.entry(reply, &e),
             Err(e) => fail!(g, reply, e),
         }
@@ -365,7 +371,7 @@ impl Filesystem for DrainFs {
         reply: ReplyEntry,
     ) {
         let mut g = self.core.acct.op(Op::Mkdir);
-        match self.core.mkdir(parent.0, name, mode, req.uid(), req.gid()) {
+        match self.core.mkdir(parent.0, name, mode, caller(req)) {
             Ok(e) => self.entry(reply, &e),
             Err(e) => fail!(g, reply, e),
         }
@@ -396,10 +402,7 @@ impl Filesystem for DrainFs {
         reply: ReplyEntry,
     ) {
         let mut g = self.core.acct.op(Op::Symlink);
-        match self
-            .core
-            .symlink(parent.0, link_name, target, req.uid(), req.gid())
-        {
+        match self.core.symlink(parent.0, link_name, target, caller(req)) {
             Ok(e) => self.entry(reply, &e),
             Err(e) => fail!(g, reply, e),
         }
@@ -440,7 +443,7 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut g = self.core.acct.op(Op::Open);
         let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(fd)?))
@@ -450,7 +453,7 @@ impl Filesystem for DrainFs {
         } else {
             None
         };
-        match self.core.open(ino.0, flags.0, reg) {
+        match self.core.open(ino.0, flags.0, caller(req), reg) {
             Ok(o) => reply_open(reply, o.fh, Self::open_flags(flags.0), o.backing),
             Err(e) => fail!(g, reply, e),
         }
@@ -482,7 +485,7 @@ impl Filesystem for DrainFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -493,7 +496,9 @@ impl Filesystem for DrainFs {
         reply: ReplyWrite,
     ) {
         let mut g = self.core.acct.op(Op::Write);
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let kill = write_flags
+            .contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            .then(|| caller(req));
         match self.core.write(ino.0, fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => fail!(g, reply, e),
@@ -757,7 +762,7 @@ impl Filesystem for DrainFs {
         };
         match self
             .core
-            .create(parent.0, name, mode, flags, req.uid(), req.gid(), reg)
+            .create(parent.0, name, mode, flags, caller(req), reg)
         {
             Ok((e, o)) => {
                 let a = attr(e.nodeid, &e.st);
@@ -784,7 +789,7 @@ impl Filesystem for DrainFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -793,7 +798,10 @@ impl Filesystem for DrainFs {
         reply: ReplyEmpty,
     ) {
         let mut g = self.core.acct.op(Op::Fallocate);
-        match self.core.fallocate(ino.0, fh.0, offset, length, mode) {
+        // KILLPRIV_V2: the kernel leaves clearing suid/sgid to drainfs; a non-root caller
+        // stands for "without CAP_FSETID", as for truncate.
+        let kill = (req.uid() != 0).then(|| caller(req));
+        match self.core.fallocate(ino.0, fh.0, offset, length, mode, kill) {
             Ok(()) => reply.ok(),
             Err(e) => fail!(g, reply, e),
         }
@@ -817,7 +825,7 @@ impl Filesystem for DrainFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -838,6 +846,7 @@ impl Filesystem for DrainFs {
             offset_out,
             len,
             flags.bits() as u32,
+            (req.uid() != 0).then(|| caller(req)),
         ) {
             Ok(n) => reply.written(n as u32),
             Err(e) => fail!(g, reply, e),

@@ -651,6 +651,13 @@ impl Runner {
             return;
         }
         self.forced = Some(reason);
+        // "Finish now": the forced teardown gets the safety margin (at least 1 s), never more
+        // than what is left of the grace period.
+        let now = Instant::now();
+        let margin = self.cfg.lifecycle.grace_margin.max(Duration::from_secs(1));
+        self.force_at = Some(self.force_at.map_or(now, |f| f.min(now)));
+        self.hard_exit = Some(self.hard_exit.map_or(now + margin, |h| h.min(now + margin)));
+        self.shared.inner.lock().deadline = self.force_at;
         let out = self.shared.acct.outstanding();
         self.outstanding_at_force = Some(out);
         if let Some(fs) = self.shared.fs() {
@@ -660,6 +667,17 @@ impl Runner {
             Shared::count(&self.shared.forced, reason);
         }
         tracing::warn!(reason, outstanding = ?out, open = ?self.open_at_force, "forcing shutdown");
+    }
+
+    /// How long the mount has been idle, counted from the first trigger at the earliest: an
+    /// application that is still shutting down gets the whole quiet period after the trigger,
+    /// however idle the mount was before it.
+    fn idle_for(&self, acct: &Accounting) -> Duration {
+        let since_activity = acct.since_last_activity();
+        match self.t0 {
+            Some(t0) => since_activity.min(t0.elapsed()),
+            None => since_activity,
+        }
     }
 
     fn triggered(&self) -> bool {
@@ -812,8 +830,8 @@ impl Runner {
                 let out = acct.outstanding();
                 let door_open = !self.admission.is_closed();
                 if door_open {
-                    let quiet = out.is_idle()
-                        && acct.since_last_activity() >= self.cfg.lifecycle.quiet_period;
+                    let quiet =
+                        out.is_idle() && self.idle_for(&acct) >= self.cfg.lifecycle.quiet_period;
                     if self.workload_gone || quiet || self.forced.is_some() {
                         self.admission.close();
                         self.timings.door_closed_ms = self.ms_since_trigger();
@@ -877,7 +895,7 @@ impl Runner {
         }
 
         // 4. Teardown.
-        self.teardown(&core, session_done, session_ended).await
+        self.teardown(core, session_done, session_ended).await
     }
 
     fn next_wake(&self, acct: &Accounting) -> Duration {
@@ -886,7 +904,7 @@ impl Runner {
             wake = wake.min(left);
         }
         if self.triggered() && !self.admission.is_closed() {
-            let since = acct.since_last_activity();
+            let since = self.idle_for(acct);
             let q = self.cfg.lifecycle.quiet_period;
             wake = wake.min(q.saturating_sub(since).max(Duration::from_millis(1)));
         }
@@ -993,9 +1011,18 @@ impl Runner {
             tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
         }
-        let bound = self.force_at.map_or(Duration::from_secs(30), |f| {
-            f.saturating_duration_since(Instant::now())
-        });
+        // Normally until the deadline; in a forced teardown, half of what is left before the hard
+        // exit (then SIGKILL, which also releases any of our threads stuck in a lower FLUSH:
+        // FUSE FLUSH requests wait uninterruptibly for the lower's answer).
+        let bound = if self.forced.is_some() {
+            self.hard_exit.map_or(Duration::ZERO, |h| {
+                h.saturating_duration_since(Instant::now()) / 2
+            })
+        } else {
+            self.force_at.map_or(Duration::from_secs(30), |f| {
+                f.saturating_duration_since(Instant::now())
+            })
+        };
         let st = match tokio::time::timeout(bound, self.lower.wait_exit()).await {
             Ok(st) => Some(st),
             Err(_) => {
@@ -1031,7 +1058,7 @@ impl Runner {
 
     async fn teardown(
         &mut self,
-        core: &Arc<Fs>,
+        core: Arc<Fs>,
         session_done: oneshot::Receiver<std::io::Result<()>>,
         session_ended: bool,
     ) -> i32 {
@@ -1050,13 +1077,8 @@ impl Runner {
         );
         if self.forced.is_some() {
             // Flush and close what is left (a flush may hang on a wedged lower: bounded).
-            let c = Arc::clone(core);
-            let budget = self
-                .force_at
-                .map_or(Duration::ZERO, |f| {
-                    f.saturating_duration_since(Instant::now())
-                })
-                .max(left() / 3);
+            let c = Arc::clone(&core);
+            let budget = left() / 4;
             match tokio::time::timeout(budget, blocking(move || c.close_all())).await {
                 Ok(failed) => self.failed_flushes.extend(failed),
                 Err(_) => self.notes.push(
@@ -1095,13 +1117,25 @@ impl Runner {
         let _ = tokio::time::timeout(left().min(Duration::from_secs(2)), session_done).await;
         if self.forced.is_none() {
             let failed = blocking({
-                let c = Arc::clone(core);
+                let c = Arc::clone(&core);
                 move || c.close_all()
             })
             .await;
             self.failed_flushes.extend(failed);
         }
         self.failed_flushes.extend(core.failed_flushes());
+        // Close every lower fd drainfs holds (the root's and the O_PATH cache) by dropping the
+        // core: the fuser session released its reference when it ended. A lower fd left open
+        // would make the lower's own unmount fail with EBUSY (gcsfuse then keeps running).
+        self.shared.inner.lock().fs = None;
+        let refs = Arc::strong_count(&core);
+        drop(core);
+        if refs > 1 {
+            tracing::debug!(
+                refs,
+                "the core is still referenced (a stuck request); its lower fds close at exit"
+            );
+        }
 
         // The lower.
         if self.lower.pid.is_some() {

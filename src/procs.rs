@@ -33,6 +33,20 @@ fn table() -> &'static Mutex<Table> {
 /// # Errors
 /// The spawn error (command not found, permission denied).
 pub fn spawn(cmd: &mut Command) -> std::io::Result<(Child, oneshot::Receiver<WaitStatus>)> {
+    use std::os::unix::process::CommandExt;
+    // drainfs runs with its handled signals blocked in every thread (see `signals`); a child
+    // must not inherit that mask, or gcsfuse would never see the SIGINT that stops it.
+    // SAFETY: sigprocmask is async-signal-safe; nothing is allocated between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(set.as_mut_ptr());
+            if libc::sigprocmask(libc::SIG_SETMASK, set.as_ptr(), std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut t = table().lock();
     let child = cmd.spawn()?;
     let (tx, rx) = oneshot::channel();

@@ -2,3 +2,4 @@
 //! mounted over (see `src/bin/`).
 
 pub mod bucket;
+pub mod harness;

@@ -31,6 +31,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::accounting::{Accounting, HandleGuard, HandleMode, LowerCall};
 use crate::error::{Error, Kind, Result};
+pub use sys::Caller;
 use sys::Stat;
 
 /// The root's nodeid (FUSE_ROOT_ID).
@@ -308,6 +309,26 @@ fn cname(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| Kind::BadName.into())
 }
 
+/// The privilege bits a write, truncate, fallocate or copy by `caller`, who lacks
+/// CAP_FSETID, removes from a file of mode `mode` owned by group `file_gid`, as Linux's VFS
+/// does (`should_remove_suid`, `setattr_should_drop_sgid`) and FUSE_HANDLE_KILLPRIV_V2 leaves
+/// to the server: S_ISUID always; S_ISGID when the file is group-executable, or else when the
+/// caller is not in the file's group (its supplementary groups are read only then). Regular
+/// files only.
+pub fn privs_to_kill(mode: u32, file_gid: u32, caller: &Caller) -> u32 {
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        return 0;
+    }
+    let mut kill = mode & libc::S_ISUID;
+    if mode & libc::S_ISGID != 0
+        && (mode & libc::S_IXGRP != 0
+            || (caller.gid != file_gid && !sys::caller_groups(caller.pid).contains(&file_gid)))
+    {
+        kill |= libc::S_ISGID;
+    }
+    kill
+}
+
 impl Fs {
     /// Opens the lower root and builds an empty inode table.
     ///
@@ -508,6 +529,17 @@ impl Fs {
         Entry { nodeid, st: *st }
     }
 
+    /// Clears the bits [`privs_to_kill`] names for `caller` on the file behind `fd` (any fd,
+    /// O_PATH too), as the lower would for that unprivileged writer.
+    fn kill_privs(&self, fd: BorrowedFd<'_>, caller: &Caller) -> Result<()> {
+        let st = sys::fstat(fd).map_err(|e| self.lower_err(e))?;
+        let kill = privs_to_kill(st.st_mode, st.st_gid, caller);
+        if kill != 0 {
+            sys::chmod_fd(fd, st.st_mode & 0o7777 & !kill).map_err(|e| self.lower_err(e))?;
+        }
+        Ok(())
+    }
+
     /// LOOKUP: `parent/name` on the lower; takes one lookup reference.
     ///
     /// # Errors
@@ -578,7 +610,7 @@ impl Fs {
         gid: Option<u32>,
         size: Option<u64>,
         times: Option<[libc::timespec; 2]>,
-        kill_suidgid: bool,
+        kill_privs: Option<Caller>,
     ) -> Result<Stat> {
         self.admission.check_alive()?;
         let inode = self.inode(nodeid)?;
@@ -607,13 +639,8 @@ impl Fs {
                 }
                 _ => sys::truncate_fd_path(fd, size).map_err(le)?,
             }
-            if kill_suidgid {
-                let st = sys::fstat(fd).map_err(le)?;
-                let bits = st.st_mode & (libc::S_ISUID | libc::S_ISGID);
-                if bits != 0 && inode.fmt == libc::S_IFREG {
-                    sys::chmod_fd(fd, st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID))
-                        .map_err(le)?;
-                }
+            if let Some(caller) = &kill_privs {
+                self.kill_privs(fd, caller)?;
             }
         }
         if let Some(times) = times {
@@ -660,15 +687,14 @@ impl Fs {
         name: &OsStr,
         mode: u32,
         rdev: u32,
-        uid: u32,
-        gid: u32,
+        caller: Caller,
     ) -> Result<Entry> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(uid, gid);
+            let _creds = sys::CallerCreds::switch(caller);
             sys::mknodat(pfd.as_fd(), &name, mode, u64::from(rdev))
                 .map_err(|e| self.lower_err(e))?;
         }
@@ -679,13 +705,13 @@ impl Fs {
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<Entry> {
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(uid, gid);
+            let _creds = sys::CallerCreds::switch(caller);
             sys::mkdirat(pfd.as_fd(), &name, mode).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -700,8 +726,7 @@ impl Fs {
         parent: u64,
         name: &OsStr,
         target: &Path,
-        uid: u32,
-        gid: u32,
+        caller: Caller,
     ) -> Result<Entry> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
@@ -709,7 +734,7 @@ impl Fs {
         let target = cname(target.as_os_str())?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(uid, gid);
+            let _creds = sys::CallerCreds::switch(caller);
             sys::symlinkat(&target, pfd.as_fd(), &name).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -804,12 +829,23 @@ impl Fs {
         }
     }
 
+    /// Installs a handle for `fd`. With `register`, the open uses kernel passthrough unless the
+    /// kernel must not see it as one:
+    /// - the inode already has opens served by drainfs (the kernel's cached io mode: a
+    ///   passthrough open next to them fails with EIO), so this one is served by drainfs too;
+    /// - `unprivileged_suid_writer`: a caller without CAP_FSETID opens a file that has
+    ///   privilege bits for writing. With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing
+    ///   them on write to drainfs, but passthrough writes never reach drainfs (and the backing
+    ///   file writes with drainfs's credentials), so such an open is served by drainfs, whose
+    ///   WRITEs carry FUSE_WRITE_KILL_SUIDGID. If the inode already has passthrough opens,
+    ///   this open must be passthrough too: the bits are cleared now instead, at open.
     fn install_handle(
         &self,
         inode: Arc<Inode>,
         fd: OwnedFd,
         flags: i32,
         register: RegisterBacking<'_>,
+        unprivileged_suid_writer: Option<Caller>,
     ) -> Result<Opened> {
         let fd = Arc::new(fd);
         let writable = Self::mode_of(flags) == HandleMode::Write;
@@ -817,7 +853,14 @@ impl Fs {
         let mut backing = None;
         {
             let mut st = inode.open.lock();
+            let cached_mode = st.opens > 0 && st.passthrough_opens == 0;
+            let register = register.filter(|_| {
+                !cached_mode && !(unprivileged_suid_writer.is_some() && st.passthrough_opens == 0)
+            });
             if let Some(register) = register {
+                if let Some(caller) = &unprivileged_suid_writer {
+                    self.kill_privs(fd.as_fd(), caller)?;
+                }
                 if let Some(b) = &st.backing {
                     backing = Some(Arc::clone(b));
                 } else {
@@ -858,13 +901,21 @@ impl Fs {
     }
 
     /// OPEN: opens the lower file with the application's flags; with `register`, sets up
-    /// kernel passthrough (one backing id per inode, shared by concurrent opens).
+    /// kernel passthrough (one backing id per inode, shared by concurrent opens), except for
+    /// the cases [`Fs::install_handle`] lists. `caller` is who opens (its uid stands for
+    /// "lacks CAP_FSETID" when non-zero).
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; `ESTALE` when the name now names another inode;
     /// `EIO` when passthrough cannot be set up for an inode that has passthrough opens; else
     /// the lower's errno.
-    pub fn open(&self, nodeid: u64, flags: i32, register: RegisterBacking<'_>) -> Result<Opened> {
+    pub fn open(
+        &self,
+        nodeid: u64,
+        flags: i32,
+        caller: Caller,
+        register: RegisterBacking<'_>,
+    ) -> Result<Opened> {
         self.admission.check_admit()?;
         let inode = self.inode(nodeid)?;
         let lflags = Self::lower_open_flags(flags);
@@ -874,7 +925,14 @@ impl Fs {
         } else {
             None
         };
-        self.install_handle(inode, fd, flags, register)
+        let suid_writer =
+            if register.is_some() && Self::mode_of(flags) == HandleMode::Write && caller.uid != 0 {
+                let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
+                (privs_to_kill(st.st_mode, st.st_gid, &caller) != 0).then_some(caller)
+            } else {
+                None
+            };
+        self.install_handle(inode, fd, flags, register, suid_writer)
     }
 
     fn open_inode(&self, inode: &Arc<Inode>, lflags: i32) -> Result<OwnedFd> {
@@ -913,8 +971,7 @@ impl Fs {
         name: &OsStr,
         mode: u32,
         flags: i32,
-        uid: u32,
-        gid: u32,
+        caller: Caller,
         register: RegisterBacking<'_>,
     ) -> Result<(Entry, Opened)> {
         self.admission.check_admit()?;
@@ -924,13 +981,17 @@ impl Fs {
         let lflags =
             (flags & !(libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_CREAT | libc::O_NOFOLLOW;
         let fd = {
-            let _creds = sys::CallerCreds::switch(uid, gid);
+            let _creds = sys::CallerCreds::switch(caller);
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
         };
         let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
         let entry = self.remember(&parent, &name, &st);
         let inode = self.inode(entry.nodeid)?;
-        let opened = self.install_handle(inode, fd, flags, register);
+        let suid_writer = (Self::mode_of(flags) == HandleMode::Write
+            && caller.uid != 0
+            && privs_to_kill(st.st_mode, st.st_gid, &caller) != 0)
+            .then_some(caller);
+        let opened = self.install_handle(inode, fd, flags, register, suid_writer);
         if opened.is_err() {
             self.forget(entry.nodeid, 1);
         }
@@ -960,20 +1021,12 @@ impl Fs {
         fh: u64,
         offset: u64,
         data: &[u8],
-        kill_suidgid: bool,
+        kill_privs: Option<Caller>,
     ) -> Result<usize> {
         self.admission.check_alive()?;
         let h = self.handle(nodeid, fh)?;
-        if kill_suidgid {
-            let st = sys::fstat(h.fd.as_fd()).map_err(|e| self.lower_err(e))?;
-            if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
-                let mode = st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID);
-                nix::sys::stat::fchmod(
-                    h.fd.as_fd(),
-                    nix::sys::stat::Mode::from_bits_truncate(mode),
-                )
-                .map_err(|e| self.lower_err(e))?;
-            }
+        if let Some(caller) = &kill_privs {
+            self.kill_privs(h.fd.as_fd(), caller)?;
         }
         let n = sys::pwrite_all(h.fd.as_fd(), data, offset).map_err(|e| self.lower_err(e))?;
         self.acct.bytes_written.fetch_add(n as u64, Relaxed);
@@ -1239,14 +1292,27 @@ impl Fs {
         sys::xattr::remove(fd.as_fd(), &name).map_err(|e| self.lower_err(e))
     }
 
-    /// FALLOCATE on the handle's lower fd.
+    /// FALLOCATE on the handle's lower fd. `kill_suidgid` (a caller without CAP_FSETID)
+    /// clears privilege bits first, as the lower's own fallocate would for that caller.
     ///
     /// # Errors
     /// The lower's errno (`EOPNOTSUPP` for unsupported modes).
-    pub fn fallocate(&self, nodeid: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+        kill_privs: Option<Caller>,
+    ) -> Result<()> {
         self.admission.check_alive()?;
         let h = self.handle(nodeid, fh)?;
-        sys::fallocate(h.fd.as_fd(), mode, offset, len).map_err(|e| self.lower_err(e))
+        sys::fallocate(h.fd.as_fd(), mode, offset, len).map_err(|e| self.lower_err(e))?;
+        if let Some(caller) = &kill_privs {
+            self.kill_privs(h.fd.as_fd(), caller)?;
+        }
+        Ok(())
     }
 
     /// LSEEK (SEEK_DATA / SEEK_HOLE; also SEEK_SET/SEEK_END) on the handle's lower fd.
@@ -1259,7 +1325,8 @@ impl Fs {
         sys::lseek(h.fd.as_fd(), offset, whence).map_err(|e| self.lower_err(e))
     }
 
-    /// COPY_FILE_RANGE between two handles' lower fds.
+    /// COPY_FILE_RANGE between two handles' lower fds. `kill_suidgid` (a caller without
+    /// CAP_FSETID) clears privilege bits of the destination, as a write would.
     ///
     /// # Errors
     /// The lower's errno (`EXDEV`, `EINVAL`...).
@@ -1274,12 +1341,17 @@ impl Fs {
         off_out: u64,
         len: u64,
         flags: u32,
+        kill_privs: Option<Caller>,
     ) -> Result<usize> {
         self.admission.check_alive()?;
         let hi = self.handle(ino_in, fh_in)?;
         let ho = self.handle(ino_out, fh_out)?;
-        sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags)
-            .map_err(|e| self.lower_err(e))
+        let n = sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags)
+            .map_err(|e| self.lower_err(e))?;
+        if let Some(caller) = kill_privs.as_ref().filter(|_| n > 0) {
+            self.kill_privs(ho.fd.as_fd(), caller)?;
+        }
+        Ok(n)
     }
 
     /// Paths of the handles still open (capped), for `/status` and the shutdown summary.

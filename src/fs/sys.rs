@@ -422,25 +422,98 @@ pub fn parse_dirent(buf: &[u8]) -> Option<Dirent<'_>> {
     })
 }
 
-/// Per-thread credentials for operations that create inodes: the lower then assigns the
-/// caller's uid/gid (and applies set-group-ID directories) exactly as for a local caller.
-/// `setfsuid`/`setfsgid` are per-thread on Linux. A no-op when drainfs is not root or the
+/// The process a request that creates an inode comes from (FUSE request header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The caller's fsuid.
+    pub uid: u32,
+    /// The caller's fsgid.
+    pub gid: u32,
+    /// The calling thread's id (0 when the kernel itself sends the request), used to read its
+    /// supplementary groups.
+    pub pid: u32,
+}
+
+impl Caller {
+    /// Root, as for requests made by drainfs itself (and in tests).
+    pub const ROOT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+}
+
+/// Supplementary groups of thread/process `pid`, from the `Groups:` line of
+/// `/proc/<pid>/status` (what libfuse's `fuse_req_getgroups` reads). Empty when unreadable
+/// (pid 0, or the caller is gone): the least privilege.
+pub fn caller_groups(pid: u32) -> Vec<libc::gid_t> {
+    if pid == 0 {
+        return Vec::new();
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Groups:").map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// drainfs's own supplementary groups, captured once before any thread switches.
+fn own_groups() -> &'static [libc::gid_t] {
+    static GROUPS: std::sync::OnceLock<Vec<libc::gid_t>> = std::sync::OnceLock::new();
+    GROUPS.get_or_init(|| {
+        // SAFETY: a size query, then a buffer of that size.
+        unsafe {
+            let n = libc::getgroups(0, std::ptr::null_mut());
+            let mut v = vec![0; n.max(0) as usize];
+            let got = libc::getgroups(n.max(0), v.as_mut_ptr());
+            v.truncate(got.max(0) as usize);
+            v
+        }
+    })
+}
+
+/// `setgroups(2)` for the calling thread only. The raw syscall is per-thread on Linux;
+/// glibc's `setgroups()` would change every thread of the process.
+fn set_thread_groups(groups: &[libc::gid_t]) -> Result<(), Errno> {
+    // SAFETY: `groups` is valid for its length.
+    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Per-thread credentials for operations that create inodes: the lower then checks
+/// permissions and assigns the caller's uid/gid (and applies set-group-ID directories)
+/// exactly as for a local caller. The caller's supplementary groups are switched to as well:
+/// a user allowed by the kernel through a supplementary group (a pod's fsGroup on a
+/// group-writable directory) must not be refused by the lower. `setfsuid`, `setfsgid` and the
+/// raw `setgroups` syscall are per-thread on Linux. A no-op when drainfs is not root or the
 /// caller is root.
 pub struct CallerCreds {
     switched: bool,
 }
 
 impl CallerCreds {
-    /// Switches this thread's fsuid/fsgid to the caller's until dropped.
-    pub fn switch(uid: u32, gid: u32) -> Self {
+    /// Switches this thread's fsuid, fsgid and supplementary groups to the caller's until
+    /// dropped. If the groups cannot be read or set, the thread keeps drainfs's groups.
+    pub fn switch(caller: Caller) -> Self {
         // SAFETY: geteuid has no preconditions.
-        if uid == 0 || unsafe { libc::geteuid() } != 0 {
+        if caller.uid == 0 || unsafe { libc::geteuid() } != 0 {
             return CallerCreds { switched: false };
         }
+        let _ = own_groups();
+        // Before setfsuid: setgroups needs CAP_SETGID, which a non-zero fsuid does not drop,
+        // but keep the privileged step first anyway.
+        let _ = set_thread_groups(&caller_groups(caller.pid));
         // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
         unsafe {
-            libc::setfsgid(gid);
-            libc::setfsuid(uid);
+            libc::setfsgid(caller.gid);
+            libc::setfsuid(caller.uid);
         }
         CallerCreds { switched: true }
     }
@@ -454,6 +527,7 @@ impl Drop for CallerCreds {
                 libc::setfsuid(0);
                 libc::setfsgid(0);
             }
+            let _ = set_thread_groups(own_groups());
         }
     }
 }

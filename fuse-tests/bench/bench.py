@@ -1,0 +1,556 @@
+#!/usr/bin/env python3
+"""drainfs benchmark (issue 5): raw tmpfs lower vs drainfs (kernel passthrough) vs drainfs
+(--passthrough never), interleaved, medians of repetitions. Python 3 stdlib only.
+
+Run it through run.sh (which builds, makes the work directory and cleans up behind it); see
+fuse-tests/bench/README.md. Phases:
+
+1. mount a tmpfs at WORK/lower and lay out the fio files through it;
+2. start two drainfs over it (auto = passthrough, and never), read their idle VmRSS;
+3. fio: every job (fio/*.ini) x numjobs 1 and 4, each rep running raw / pt / never back to
+   back in an order rotated per rep; then VmRSS of both daemons;
+4. metadata: mdbench 1 and 4 threads, same interleaving;
+5. stop both daemons; then trigger-to-exit: start drainfs on an idle mount, wait until it
+   serves, SIGTERM, waitpid (we are its parent), with the default quiet period and with
+   --native-sidecar, for both data-path modes;
+6. print one table and write it, with all raw figures, to the results directory.
+
+Every process started here is tracked by PID (and a pidfd) and written to WORK/pids so that
+run.sh's trap can stop it too; nothing is killed by name.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# (key, ini file, direction, unit) -- unit "MiB/s" reports bandwidth, "IOPS" operations.
+FIO_JOBS = [
+    ("seq-read", "seq-read.ini", "read", "MiB/s"),
+    ("seq-write", "seq-write.ini", "write", "MiB/s"),
+    ("rand-read", "rand-read.ini", "read", "IOPS"),
+    ("rand-write", "rand-write.ini", "write", "IOPS"),
+]
+NUMJOBS = [1, 4]
+MD_THREADS = [1, 4]
+MD_PHASES = ["create", "stat", "stat_hot", "open_close", "unlink"]
+TARGETS = ["raw", "pt", "never"]
+DRAINFS_MODES = {"pt": "auto", "never": "never"}
+
+# Fixed figures from the issue: libfuse passthrough_hp, single-threaded, us per operation.
+PASSTHROUGH_HP_US = {"create": 170.0, "open_close": 90.0, "unlink": 90.0}
+
+PROFILES = {
+    "full": dict(reps=3, runtime="10s", ramp="1s", size="1G", tmpfs="6g", md_files=10000, trigger_runs=20, idle=0.75),
+    "smoke": dict(reps=2, runtime="400ms", ramp="0", size="32M", tmpfs="1g", md_files=400, trigger_runs=5, idle=0.75),
+}
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# processes and mounts
+
+
+def mounted_paths():
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            p = line.split(" ")[4]
+            out.append(p.encode().decode("unicode_escape"))
+    return out
+
+
+def is_mounted(path):
+    return os.path.abspath(path) in mounted_paths()
+
+
+class Tracker:
+    """Remembers every child PID in WORK/pids (for run.sh's trap) and holds pidfds."""
+
+    def __init__(self, work):
+        self.path = os.path.join(work, "pids")
+        self.live = {}
+
+    def add(self, pid):
+        self.live[pid] = os.pidfd_open(pid)
+        with open(self.path, "a") as f:
+            f.write(f"{pid}\n")
+
+    def reaped(self, pid):
+        fd = self.live.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def signal(self, pid, sig):
+        fd = self.live.get(pid)
+        if fd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class Drainfs:
+    """One `drainfs run` child with its stderr copied to a log file."""
+
+    def __init__(self, ctx, name, mnt, extra, log_name=None):
+        self.ctx = ctx
+        self.name = name
+        self.mnt = mnt
+        self.extra = extra
+        self.log_path = os.path.join(ctx.logs, f"{log_name or name}.log")
+        self.summary_path = os.path.join(ctx.logs, f"{log_name or name}.summary.json")
+        self.proc = None
+        self.serving = threading.Event()
+        self.data_path_line = ""
+        self.exit_code = None
+
+    def start(self, timeout=30.0):
+        os.makedirs(self.mnt, exist_ok=True)
+        if os.path.exists(self.summary_path):
+            os.unlink(self.summary_path)
+        cmd = [self.ctx.drainfs, "run", "--lower", self.ctx.lower, "--mountpoint", self.mnt,
+               "--summary-file", self.summary_path] + self.extra
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "info")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=env, restore_signals=True)
+        self.ctx.tracker.add(self.proc.pid)
+        logf = open(self.log_path, "ab")
+        logf.write(("$ " + " ".join(cmd) + "\n").encode())
+
+        def reader(stream=self.proc.stderr):
+            for raw in iter(stream.readline, b""):
+                logf.write(raw)
+                line = raw.decode(errors="replace")
+                if "data path" in line and not self.data_path_line:
+                    self.data_path_line = line.strip()
+                if "starting -> serving" in line:
+                    logf.flush()
+                    self.serving.set()
+            logf.close()
+
+        threading.Thread(target=reader, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.serving.is_set() and is_mounted(self.mnt):
+                os.stat(self.mnt)  # one round trip answered
+                return self
+            if self.proc.poll() is not None:
+                self.ctx.tracker.reaped(self.proc.pid)
+                raise BenchError(f"drainfs {self.name} exited ({self.proc.returncode}) before serving; see {self.log_path}")
+            time.sleep(0.002)
+        raise BenchError(f"drainfs {self.name} did not serve within {timeout}s; see {self.log_path}")
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def passthrough_active(self):
+        return "passthrough=true" in self.data_path_line.replace("\x1b[0m", "").replace("\x1b[2m", "")
+
+    def status(self):
+        out = {}
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM", "Threads"):
+                    out[k] = int(v.split()[0])
+        return out
+
+    def stop(self, timeout=30.0):
+        """SIGTERM, then waitpid as the parent. Returns seconds from kill() to reaped."""
+        pid = self.pid
+        timer = threading.Timer(timeout, lambda: self.ctx.tracker.signal(pid, signal.SIGKILL))
+        timer.start()
+        try:
+            t0 = time.perf_counter()
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+            elapsed = time.perf_counter() - t0
+        finally:
+            timer.cancel()
+        self.ctx.tracker.reaped(pid)
+        self.exit_code = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.exit_code
+        if self.exit_code != 0:
+            raise BenchError(f"drainfs {self.name} exited {self.exit_code} after SIGTERM; see {self.log_path}")
+        if is_mounted(self.mnt):
+            raise BenchError(f"drainfs {self.name} exited but left {self.mnt} mounted")
+        return elapsed
+
+    def summary(self):
+        try:
+            with open(self.summary_path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks
+
+
+def rotated(rep):
+    k = rep % len(TARGETS)
+    return TARGETS[k:] + TARGETS[:k]
+
+
+def fio_env(ctx, directory, numjobs):
+    env = dict(os.environ)
+    env.update(BENCH_DIR=directory, BENCH_SIZE=ctx.p["size"], BENCH_RUNTIME=ctx.p["runtime"],
+               BENCH_RAMP=ctx.p["ramp"], NUMJOBS=str(numjobs))
+    return env
+
+
+def parse_fio(path):
+    with open(path) as f:
+        text = f.read()
+    doc = json.loads(text[text.index("{"):])  # fio may print a warning line before the JSON
+    return doc
+
+
+def run_fio(ctx, ini, directory, numjobs, out):
+    cmd = ["fio", "--output-format=json", f"--output={out}", os.path.join(HERE, "fio", ini)]
+    r = subprocess.run(cmd, env=fio_env(ctx, directory, numjobs), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=600)
+    if r.returncode != 0:
+        raise BenchError(f"fio {ini} in {directory} failed ({r.returncode}):\n{r.stdout.decode(errors='replace')}")
+    return parse_fio(out)
+
+
+def fio_value(doc, direction, unit):
+    job = doc["jobs"][0]
+    if job.get("error"):
+        raise BenchError(f"fio job error {job['error']}")
+    d = job[direction]
+    return d["bw_bytes"] / 2**20 if unit == "MiB/s" else d["iops"]
+
+
+def run_mdbench(ctx, root, files, threads, tag):
+    d = os.path.join(root, f"md-{tag}")
+    cmd = [ctx.mdbench, "--dir", d, "--files", str(files), "--threads", str(threads)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    if r.returncode != 0:
+        raise BenchError(f"mdbench in {root} failed: {r.stderr.decode(errors='replace')}")
+    return json.loads(r.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# table
+
+
+def fmt_num(v):
+    if v is None:
+        return "-"
+    if v >= 1000:
+        return f"{v:,.0f}"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def build_rows(ctx, med):
+    """Rows of (metric, raw, pt, pt_ratio, never, never_ratio, target, met)."""
+    rows = []
+
+    def ratio(a, b):
+        return None if a is None or b in (None, 0) else a / b
+
+    def yn(ok):
+        return "-" if ok is None else ("yes" if ok else "NO")
+
+    for key, _, _, unit in FIO_JOBS:
+        for nj in NUMJOBS:
+            raw, pt, nv = (med["fio"].get(f"{key}/nj{nj}/{t}") for t in TARGETS)
+            rp, rn = ratio(pt, raw), ratio(nv, raw)
+            tgt = "pt>=0.90x"
+            met = [f"pt {yn(None if rp is None else rp >= 0.90)}"]
+            if key.startswith("seq"):
+                tgt += ", never>=0.50x"
+                met.append(f"never {yn(None if rn is None else rn >= 0.50)}")
+            rows.append((f"fio {key} {'1M' if key.startswith('seq') else '4K'} nj{nj} ({unit})",
+                         fmt_num(raw), fmt_num(pt), fmt_num(rp), fmt_num(nv), fmt_num(rn), tgt, "; ".join(met)))
+
+    for th in MD_THREADS:
+        for ph in MD_PHASES:
+            cells = {}
+            for t in TARGETS:
+                v = med["md"].get(f"{ph}/t{th}/{t}")
+                cells[t] = v
+            def cell(v):
+                return "-" if v is None else f"{fmt_num(v['ops_per_sec'])}/s {fmt_num(v['us_per_op'])}us"
+            ops = {t: (cells[t] or {}).get("ops_per_sec") for t in TARGETS}
+            us = {t: (cells[t] or {}).get("us_per_op") for t in TARGETS}
+            rp, rn = ratio(ops["pt"], ops["raw"]), ratio(ops["never"], ops["raw"])
+            tgt, met = "", "-"
+            if th == 1 and ph in PASSTHROUGH_HP_US:
+                lim = PASSTHROUGH_HP_US[ph]
+                tgt = f"<={lim:.0f}us (passthrough_hp)"
+                met = "; ".join(f"{n} {yn(None if us[t] is None else us[t] <= lim)}" for t, n in (("pt", "pt"), ("never", "never")))
+            elif ph == "stat_hot":
+                tgt = "cached stat >=0.50x"
+                met = f"pt {yn(None if rp is None else rp >= 0.5)}; never {yn(None if rn is None else rn >= 0.5)}"
+            name = {"stat": "stat (after create)", "stat_hot": "stat (cached)", "open_close": "open+close"}.get(ph, ph)
+            rows.append((f"md {name} {th}T (ops/s, us/op)", cell(cells["raw"]), cell(cells["pt"]), fmt_num(rp),
+                         cell(cells["never"]), fmt_num(rn), tgt, met))
+
+    for label, key in (("default quiet period", "default"), ("--native-sidecar", "native")):
+        v = {t: med["trigger"].get(f"{key}/{t}") for t in ("pt", "never")}
+        ok = {t: None if v[t] is None else v[t] < 50.0 for t in v}
+        rows.append((f"trigger->exit idle, {label} (ms)", "-", fmt_num(v["pt"]), "", fmt_num(v["never"]), "",
+                     "<50ms", f"pt {yn(ok['pt'])}; never {yn(ok['never'])}"))
+
+    for label, key, lim in (("idle", "idle", 16), ("after fio", "after_fio", 64), ("after metadata", "after_md", None),
+                            ("peak (VmHWM)", "peak", None)):
+        v = {t: med["rss"].get(f"{key}/{t}") for t in ("pt", "never")}
+        tgt = f"<{lim} MiB" if lim else ""
+        met = "-" if not lim else "; ".join(f"{t} {yn(None if v[t] is None else v[t] < lim)}" for t in ("pt", "never"))
+        rows.append((f"drainfs RSS {label} (MiB)", "-", fmt_num(v["pt"]), "", fmt_num(v["never"]), "", tgt, met))
+    return rows
+
+
+def render(rows, header):
+    cols = ["metric", "raw lower", "drainfs (passthrough)", "ratio", "drainfs (never)", "ratio", "target", "met"]
+    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+    def line(r):
+        return " | ".join(str(c).ljust(w) if i in (0, 6, 7) else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    out = [header, line(cols), "-+-".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+
+class Ctx:
+    pass
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="short run for CI (tiny fio runtime/size, few files, 5 trigger runs)")
+    ap.add_argument("--workdir", required=True, help="empty scratch directory (run.sh makes it and cleans it up)")
+    ap.add_argument("--bin-dir", required=True, help="directory holding the drainfs and mdbench binaries")
+    ap.add_argument("--results", help="results directory (default: fuse-tests/bench/results/<time>[-smoke])")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3, smoke 2)")
+    ap.add_argument("--runtime", help="fio runtime per job (default 10s, smoke 500ms)")
+    ap.add_argument("--size", help="fio file size per job (default 1G, smoke 32M)")
+    ap.add_argument("--md-files", type=int, help="mdbench files (default 10000, smoke 400)")
+    ap.add_argument("--trigger-runs", type=int, help="trigger-to-exit runs per case (default 20, smoke 5)")
+    ap.add_argument("--idle", type=float, help="seconds the mount stays idle before the trigger (default 0.75: "
+                    "longer than drainfs's default 500ms quiet period, which counts from the last request)")
+    ap.add_argument("--threads", type=int, help="pass --threads N to drainfs (default: drainfs's own default)")
+    ap.add_argument("--ttl", help="pass --ttl to drainfs (default: drainfs's own default)")
+    a = ap.parse_args()
+
+    if os.geteuid() != 0:
+        sys.exit("bench: must run as root (mounts a tmpfs, uses FUSE passthrough)")
+    # Children must start with default signal dispositions: undo inherited SIG_IGN (exec keeps
+    # ignored signals ignored), and turn SIGTERM/SIGHUP into a clean exit through `finally`.
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+    ctx = Ctx()
+    ctx.profile = "smoke" if a.smoke else "full"
+    ctx.p = dict(PROFILES[ctx.profile])
+    for k, v in (("reps", a.reps), ("runtime", a.runtime), ("size", a.size), ("md_files", a.md_files),
+                 ("trigger_runs", a.trigger_runs), ("idle", a.idle)):
+        if v is not None:
+            ctx.p[k] = v
+    ctx.work = os.path.abspath(a.workdir)
+    ctx.lower = os.path.join(ctx.work, "lower")
+    ctx.logs = os.path.join(ctx.work, "logs")
+    ctx.drainfs = os.path.join(a.bin_dir, "drainfs")
+    ctx.mdbench = os.path.join(a.bin_dir, "mdbench")
+    for b in (ctx.drainfs, ctx.mdbench):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"bench: {b} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
+    if shutil.which("fio") is None:
+        sys.exit("bench: fio not installed (run.sh installs it)")
+    ctx.results = a.results or os.path.join(HERE, "results", time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if a.smoke else ""))
+    os.makedirs(ctx.results, exist_ok=True)
+    os.makedirs(ctx.logs, exist_ok=True)
+    ctx.tracker = Tracker(ctx.work)
+    common = []
+    if a.threads:
+        common += ["--threads", str(a.threads)]
+    if a.ttl:
+        common += ["--ttl", a.ttl]
+
+    raw = {"fio": {}, "fio_load": {}, "md": {}, "trigger": {}, "rss": {}, "drainfs_log": {}, "trigger_summaries": []}
+    daemons = []
+    t_start = time.monotonic()
+    load_start = loadavg()
+    ok = False
+    try:
+        os.makedirs(ctx.lower)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={ctx.p['tmpfs']},mode=0755", "drainfs-bench", ctx.lower], check=True)
+        log(f"profile {ctx.profile}: {ctx.p}; work dir {ctx.work}")
+
+        # 1. fio files, laid out once through the raw lower and shared by every job.
+        fio_dir = {"raw": os.path.join(ctx.lower, "fio")}
+        os.makedirs(fio_dir["raw"])
+        r = subprocess.run(["fio", "--create_only=1", "--output=/dev/null", os.path.join(HERE, "fio", "seq-read.ini")],
+                           env=fio_env(ctx, fio_dir["raw"], max(NUMJOBS)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r.returncode != 0:
+            raise BenchError("fio layout failed: " + r.stdout.decode(errors="replace"))
+
+        # 2. the two daemons under test.
+        mnts = {}
+        for t, mode in DRAINFS_MODES.items():
+            mnts[t] = os.path.join(ctx.work, f"mnt-{t}")
+            d = Drainfs(ctx, t, mnts[t], ["--passthrough", mode] + common).start()
+            daemons.append(d)
+            raw["drainfs_log"][t] = d.data_path_line
+            fio_dir[t] = os.path.join(mnts[t], "fio")
+        dm = dict(zip(DRAINFS_MODES, daemons))
+        if not dm["pt"].passthrough_active():
+            log("WARNING: drainfs (auto) did not get kernel passthrough: " + dm["pt"].data_path_line)
+        time.sleep(1.0)
+        for t, d in dm.items():
+            st = d.status()
+            raw["rss"][f"idle/{t}"] = [st["VmRSS"] / 1024]
+        log("idle RSS: " + ", ".join(f"{t} {raw['rss'][f'idle/{t}'][0]:.1f} MiB" for t in dm))
+
+        # 3. fio
+        n_fio = ctx.p["reps"] * len(FIO_JOBS) * len(NUMJOBS) * len(TARGETS)
+        i = 0
+        for rep in range(ctx.p["reps"]):
+            for key, ini, direction, unit in FIO_JOBS:
+                for nj in NUMJOBS:
+                    for t in rotated(rep):
+                        i += 1
+                        out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{t}-rep{rep}.json")
+                        doc = run_fio(ctx, ini, fio_dir[t], nj, out)
+                        v = fio_value(doc, direction, unit)
+                        raw["fio"].setdefault(f"{key}/nj{nj}/{t}", []).append(v)
+                        raw["fio_load"].setdefault(f"{key}/nj{nj}/{t}", []).append(loadavg())
+                        log(f"fio {i}/{n_fio} rep{rep} {key} nj{nj} {t}: {v:,.1f} {unit} (load {loadavg()})")
+        for t, d in dm.items():
+            st = d.status()
+            raw["rss"][f"after_fio/{t}"] = [st["VmRSS"] / 1024]
+        log("RSS after fio: " + ", ".join(f"{t} {raw['rss'][f'after_fio/{t}'][0]:.1f} MiB" for t in dm))
+
+        # 4. metadata
+        md_root = {"raw": ctx.lower, **mnts}
+        for rep in range(ctx.p["reps"]):
+            for th in MD_THREADS:
+                for t in rotated(rep):
+                    doc = run_mdbench(ctx, md_root[t], ctx.p["md_files"], th, f"{t}-t{th}-rep{rep}")
+                    for ph in MD_PHASES:
+                        raw["md"].setdefault(f"{ph}/t{th}/{t}", []).append(doc["phases"][ph])
+                    log(f"mdbench rep{rep} {th}T {t}: " + ", ".join(f"{ph} {doc['phases'][ph]['us_per_op']:.1f}us" for ph in MD_PHASES))
+        for t, d in dm.items():
+            st = d.status()
+            raw["rss"][f"after_md/{t}"] = [st["VmRSS"] / 1024]
+            raw["rss"][f"peak/{t}"] = [st["VmHWM"] / 1024]
+
+        # 5. stop the daemons (their exit must be clean), then trigger-to-exit on idle mounts.
+        for d in daemons:
+            d.stop()
+        daemons = []
+        tmnt = os.path.join(ctx.work, "mnt-trigger")
+        n = 0
+        for run in range(ctx.p["trigger_runs"]):
+            for key, extra in (("default", []), ("native", ["--native-sidecar"])):
+                for t, mode in DRAINFS_MODES.items():
+                    n += 1
+                    d = Drainfs(ctx, f"trigger-{key}-{t}-{run}", tmnt, ["--passthrough", mode] + extra + common,
+                                log_name=f"trigger-{key}-{t}")
+                    daemons.append(d.start())
+                    time.sleep(ctx.p["idle"])  # idle mount: no request for this long
+                    secs = d.stop()
+                    daemons.remove(d)
+                    raw["trigger"].setdefault(f"{key}/{t}", []).append(secs * 1000)
+                    s = d.summary()
+                    raw["trigger_summaries"].append({"run": d.name, "ms": secs * 1000,
+                                                     "timings": (s or {}).get("timings")})
+            log(f"trigger-to-exit run {run + 1}/{ctx.p['trigger_runs']}: " + ", ".join(
+                f"{k} {v[-1]:.1f}ms" for k, v in raw["trigger"].items()))
+        ok = True
+    except BenchError as e:
+        log(f"FAILED: {e}")
+    except Exception:  # noqa: BLE001 -- report, clean up, still write what we have
+        import traceback
+        log("FAILED:\n" + traceback.format_exc())
+    except (KeyboardInterrupt, SystemExit):
+        log("interrupted")
+    finally:
+        for d in daemons:
+            try:
+                if d.proc and d.proc.returncode is None:
+                    d.stop(timeout=15)
+            except Exception as e:  # noqa: BLE001 -- best effort, then force
+                log(f"stopping {d.name}: {e}")
+            if is_mounted(d.mnt):
+                subprocess.run(["fusermount3", "-u", "-z", d.mnt], stderr=subprocess.DEVNULL)
+        if is_mounted(ctx.lower):
+            if subprocess.run(["umount", ctx.lower], stderr=subprocess.DEVNULL).returncode != 0:
+                subprocess.run(["umount", "-l", ctx.lower])
+
+    elapsed = time.monotonic() - t_start
+    load_end = loadavg()
+    med = {k: {} for k in ("fio", "md", "trigger", "rss")}
+    for k, v in raw["fio"].items():
+        med["fio"][k] = statistics.median(v)
+    for k, v in raw["md"].items():
+        secs = statistics.median(x["secs"] for x in v)
+        ops, th = v[0]["ops"], int(k.split("/t")[1].split("/")[0])
+        med["md"][k] = {"secs": secs, "ops_per_sec": ops / secs, "us_per_op": secs * 1e6 * th / ops}
+    for k, v in raw["trigger"].items():
+        med["trigger"][k] = statistics.median(v)
+    for k, v in raw["rss"].items():
+        med["rss"][k] = statistics.median(v)
+
+    pt_note = "kernel passthrough active" if raw["drainfs_log"].get("pt") and "passthrough=true" in raw["drainfs_log"]["pt"].replace("\x1b[0m", "").replace("\x1b[2m", "") else "PASSTHROUGH NOT ACTIVE"
+    header = (f"drainfs benchmark ({ctx.profile}; {ctx.p['reps']} reps interleaved, medians; tmpfs lower; "
+              f"fio runtime {ctx.p['runtime']} size {ctx.p['size']}/job; mdbench {ctx.p['md_files']} files; "
+              f"trigger-to-exit n={ctx.p['trigger_runs']} after {ctx.p['idle']}s idle; kernel {platform.release()}, {os.cpu_count()} CPUs; "
+              f"pt: {pt_note}; {elapsed:.0f}s; loadavg start {load_start}, end {load_end})")
+    table = render(build_rows(ctx, med), header)
+    print(table)
+    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "kernel": platform.release(),
+            "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end, "drainfs_extra_args": common, "passthrough_hp_us": PASSTHROUGH_HP_US,
+            "fio_version": subprocess.run(["fio", "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()}
+    with open(os.path.join(ctx.results, "results.json"), "w") as f:
+        json.dump({"meta": meta, "raw": raw, "medians": med}, f, indent=1, sort_keys=True)
+    # keep the daemons' logs next to the results
+    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    log(f"results in {ctx.results}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

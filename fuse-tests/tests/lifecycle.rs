@@ -1,0 +1,556 @@
+//! End-to-end lifecycle tests (issue #3): the real `drainfs` binary supervising the
+//! gcsfuse-like `bucketfs` backend, which publishes an object only on FLUSH/FSYNC after an
+//! upload delay and loses unflushed data when it goes away.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fuse_tests::bucket::{BucketEvent, read_events};
+use fuse_tests::harness::{MountOpts, Mounted, Proc, bin, is_mounted, wait_until};
+use nix::sys::signal::Signal;
+
+/// A drainfs over bucketfs, with paths for the bucket, the events log, the exit file and the
+/// summary.
+struct Stack {
+    m: Mounted,
+    bucket: PathBuf,
+    events: PathBuf,
+    exit_file: PathBuf,
+    summary: PathBuf,
+}
+
+fn stack(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) -> Stack {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    let bucket = dir.path().join("bucket");
+    for d in [&lower, &mnt, &bucket] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let events = dir.path().join("events.jsonl");
+    let exit_file = dir.path().join("volumes").join("exit");
+    let summary = dir.path().join("summary.json");
+    let mut args: Vec<String> = vec![
+        "--exit-file".into(),
+        exit_file.display().to_string(),
+        "--summary-file".into(),
+        summary.display().to_string(),
+        "--lower-ready-timeout".into(),
+        "20s".into(),
+    ];
+    args.extend(drainfs_args.iter().map(|s| s.to_string()));
+    let mut lower_cmd: Vec<String> = vec![
+        bin("bucketfs").display().to_string(),
+        "--bucket".into(),
+        bucket.display().to_string(),
+        "--mountpoint".into(),
+        lower.display().to_string(),
+        "--events".into(),
+        events.display().to_string(),
+    ];
+    lower_cmd.extend(bucketfs_args.iter().map(|s| s.to_string()));
+    let m = Mounted::start_in(
+        dir,
+        lower,
+        mnt,
+        MountOpts {
+            args,
+            lower_cmd,
+            no_wait: !wait,
+        },
+    );
+    Stack {
+        m,
+        bucket,
+        events,
+        exit_file,
+        summary,
+    }
+}
+
+impl Stack {
+    fn events(&self) -> Vec<BucketEvent> {
+        read_events(&self.events)
+    }
+
+    fn touch_exit_file(&self) {
+        std::fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
+        std::fs::write(&self.exit_file, b"").unwrap();
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&self.summary).expect("summary file written"))
+            .unwrap()
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
+            panic!(
+                "drainfs did not exit within {timeout:?}:\n{}",
+                self.m.proc.stderr_text()
+            )
+        });
+        st.code().unwrap_or(-1)
+    }
+
+    fn assert_nothing_mounted(&self) {
+        assert!(!is_mounted(&self.m.mnt), "drainfs mount left behind");
+        assert!(!is_mounted(&self.m.lower), "lower mount left behind");
+    }
+
+    /// PID of the lower (drainfs's child).
+    fn lower_pid(&self) -> i32 {
+        let pid = self.m.proc.pid();
+        let mut out = None;
+        wait_until(Duration::from_secs(5), || {
+            for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let children =
+                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                if let Some(c) = children.split_whitespace().next() {
+                    out = c.parse().ok();
+                    return true;
+                }
+            }
+            false
+        });
+        out.expect("drainfs has a child")
+    }
+}
+
+fn write_file(path: &Path, len: usize, seed: u8) -> Vec<u8> {
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+fn last(events: &[BucketEvent], event: &str) -> Option<u64> {
+    events
+        .iter()
+        .filter(|e| e.event == event)
+        .map(|e| e.t_ms)
+        .max()
+}
+
+#[test]
+fn workload_then_exit_file_uploads_everything_before_the_lower_stops() {
+    let mut s = stack(
+        &["--quiet-period", "200ms"],
+        &["--upload-delay", "50ms"],
+        true,
+    );
+    let mut expected = Vec::new();
+    std::fs::create_dir(s.m.path("out")).unwrap();
+    for i in 0..20 {
+        let data = write_file(
+            &s.m.path(&format!("out/part-{i:02}.bin")),
+            1000 + i * 4096,
+            i as u8,
+        );
+        expected.push((format!("out/part-{i:02}.bin"), data));
+    }
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    for (key, data) in &expected {
+        assert_eq!(
+            &std::fs::read(s.bucket.join(key)).unwrap(),
+            data,
+            "object {key}"
+        );
+    }
+    let ev = s.events();
+    let sigint = ev
+        .iter()
+        .find(|e| e.event == "signal")
+        .expect("lower got a signal");
+    assert_eq!(sigint.signal.as_deref(), Some("SIGINT"));
+    assert!(
+        sigint.t_ms >= last(&ev, "upload_done").unwrap(),
+        "SIGINT before the last upload finished"
+    );
+    assert_eq!(ev.iter().filter(|e| e.event == "upload_done").count(), 20);
+    let sum = s.summary();
+    assert_eq!(sum["exit_code"], 0);
+    assert_eq!(sum["cause"]["cause"], "exit_file");
+    s.assert_nothing_mounted();
+}
+
+#[test]
+fn sigterm_during_a_slow_close_waits_for_the_upload() {
+    for mode in ["always", "never"] {
+        let mut s = stack(&["--passthrough", mode], &["--upload-delay", "3s"], true);
+        let path = s.m.path("big.bin");
+        let data: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 251) as u8).collect();
+        let d2 = data.clone();
+        let writer = std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&path).unwrap();
+            f.write_all(&d2).unwrap();
+            let t = Instant::now();
+            drop(f); // close(): FLUSH -> lower upload (3 s)
+            t.elapsed()
+        });
+        // SIGTERM while the close is inside the upload.
+        assert!(wait_until(Duration::from_secs(10), || s
+            .events()
+            .iter()
+            .any(|e| e.is("upload_start", "big.bin"))));
+        s.m.proc.signal(Signal::SIGTERM);
+        let code = s.wait_exit(Duration::from_secs(30));
+        let close_took = writer.join().unwrap();
+        assert!(
+            close_took >= Duration::from_secs(2),
+            "close returned after {close_took:?}"
+        );
+        assert_eq!(code, 0, "mode {mode}: {}", s.m.proc.stderr_text());
+        assert_eq!(
+            std::fs::read(s.bucket.join("big.bin")).unwrap(),
+            data,
+            "mode {mode}"
+        );
+        let ev = s.events();
+        assert!(
+            ev.iter().find(|e| e.event == "signal").unwrap().t_ms
+                >= last(&ev, "upload_done").unwrap()
+        );
+        s.assert_nothing_mounted();
+    }
+}
+
+#[test]
+fn an_application_writing_in_its_sigterm_handler_is_served() {
+    let mut s = stack(
+        &["--quiet-period", "500ms"],
+        &["--upload-delay", "200ms"],
+        true,
+    );
+    let target = s.m.path("final-checkpoint.txt");
+    let script = format!(
+        "import signal, sys, time\n\
+         def h(*a):\n\
+         \x20   time.sleep(0.3)\n\
+         \x20   with open({target:?}, 'w') as f: f.write('checkpoint ' * 1000)\n\
+         \x20   sys.exit(0)\n\
+         signal.signal(signal.SIGTERM, h)\n\
+         print('ready', flush=True)\n\
+         time.sleep(60)\n",
+        target = target.display().to_string()
+    );
+    let mut app = Command::new("python3");
+    app.arg("-c")
+        .arg(script)
+        .stdout(std::process::Stdio::piped());
+    let mut app = Proc::spawn(app);
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(app.child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    // Both get SIGTERM at the same moment, as in a pod with a regular sidecar.
+    app.signal(Signal::SIGTERM);
+    s.m.proc.signal(Signal::SIGTERM);
+    let app_status = app
+        .wait_timeout(Duration::from_secs(20))
+        .expect("app exits");
+    assert!(app_status.success(), "app failed: {}", app.stderr_text());
+    let code = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    assert_eq!(
+        std::fs::read_to_string(s.bucket.join("final-checkpoint.txt")).unwrap(),
+        "checkpoint ".repeat(1000)
+    );
+    s.assert_nothing_mounted();
+}
+
+#[test]
+fn a_flush_that_never_returns_is_cut_at_the_grace_period() {
+    let mut s = stack(
+        &["--grace-period", "3s", "--passthrough", "never"],
+        &["--hang-upload", "stuck"],
+        true,
+    );
+    let path = s.m.path("stuck.bin");
+    let hung = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(b"never uploaded").unwrap();
+        drop(f); // hangs in the lower's upload until the lower is killed
+    });
+    assert!(wait_until(Duration::from_secs(10), || s
+        .events()
+        .iter()
+        .any(|e| e.is("upload_start", "stuck.bin"))));
+    let t = Instant::now();
+    s.m.proc.signal(Signal::SIGTERM);
+    let code = s.wait_exit(Duration::from_secs(10));
+    let took = t.elapsed();
+    assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
+    assert!(
+        took < Duration::from_secs(3),
+        "exit took {took:?}, past the grace period"
+    );
+    s.assert_nothing_mounted();
+    let sum = s.summary();
+    assert_eq!(sum["forced"], "deadline");
+    let open: Vec<String> = sum["open_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        open.iter().any(|p| p.contains("stuck.bin")),
+        "summary open_paths: {open:?}"
+    );
+    hung.join().unwrap();
+}
+
+#[test]
+fn lower_killed_while_a_file_is_open_gives_eio_and_exit_69() {
+    let mut s = stack(&["--passthrough", "never"], &[], true);
+    let mut f = std::fs::File::create(s.m.path("open.bin")).unwrap();
+    f.write_all(b"first").unwrap();
+    let lower = s.lower_pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(lower), Signal::SIGKILL).unwrap();
+    let t = Instant::now();
+    let mut err = None;
+    while t.elapsed() < Duration::from_secs(1) {
+        if let Err(e) = f.write_all(b"more") {
+            err = Some(e);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = err.expect("a write failed within a second");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    drop(f);
+    let code = s.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, 69, "{}", s.m.proc.stderr_text());
+    s.assert_nothing_mounted();
+    assert_eq!(s.summary()["cause"]["cause"], "lower_died");
+}
+
+#[test]
+fn closed_door_refuses_new_opens_but_open_handles_finish() {
+    for mode in ["always", "never"] {
+        let mut s = stack(&["--passthrough", mode], &["--upload-delay", "100ms"], true);
+        std::fs::write(s.m.path("existing.txt"), b"x").unwrap();
+        let mut held = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(s.m.path("late.txt"))
+            .unwrap();
+        s.touch_exit_file();
+        assert!(wait_until(Duration::from_secs(10), || s
+            .m
+            .proc
+            .stderr_contains("door_closed")));
+        let e = std::fs::File::open(s.m.path("existing.txt")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN), "mode {mode}: {e}");
+        let e = std::fs::File::create(s.m.path("new.txt")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN));
+        let e = std::fs::create_dir(s.m.path("newdir")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN));
+        // Still mounted while the handle is open: nothing falls through to the directory below.
+        assert!(is_mounted(&s.m.mnt));
+        held.write_all(b"written after the door closed").unwrap();
+        held.sync_all().unwrap();
+        drop(held);
+        let code = s.wait_exit(Duration::from_secs(20));
+        assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+        assert_eq!(
+            std::fs::read(s.bucket.join("late.txt")).unwrap(),
+            b"written after the door closed"
+        );
+        s.assert_nothing_mounted();
+    }
+}
+
+#[test]
+fn sigterm_before_the_lower_is_ready_exits_promptly() {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    // A "lower" that never mounts.
+    let mut m = Mounted::start_in(
+        dir,
+        lower.clone(),
+        mnt.clone(),
+        MountOpts {
+            args: vec![],
+            lower_cmd: vec!["sleep".into(), "60".into()],
+            no_wait: true,
+        },
+    );
+    assert!(wait_until(Duration::from_secs(10), || m
+        .proc
+        .stderr_contains("waiting for its mount")));
+    let t = Instant::now();
+    m.proc.signal(Signal::SIGTERM);
+    let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    // `sleep` dies of the SIGINT drainfs sends it: a clean stop.
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+    assert!(!is_mounted(&mnt) && !is_mounted(&lower));
+}
+
+#[test]
+fn lower_exiting_before_ready_reports_its_stderr() {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let mut m = Mounted::start_in(
+        dir,
+        lower,
+        mnt.clone(),
+        MountOpts {
+            args: vec![],
+            lower_cmd: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo 'bucket does-not-exist: 404' >&2; exit 3".into(),
+            ],
+            no_wait: true,
+        },
+    );
+    let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
+    assert_eq!(st.code(), Some(69));
+    assert!(m.proc.stderr_text().contains("bucket does-not-exist: 404"));
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn exit_file_present_before_start_counts() {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let exit = dir.path().join("exit");
+    std::fs::write(&exit, b"").unwrap();
+    let mut m = Mounted::start_in(
+        dir,
+        lower,
+        mnt.clone(),
+        MountOpts {
+            args: vec!["--exit-file".into(), exit.display().to_string()],
+            lower_cmd: vec![],
+            no_wait: true,
+        },
+    );
+    let st = m
+        .proc
+        .wait_timeout(Duration::from_secs(10))
+        .expect("exits on its own");
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+    assert!(m.proc.stderr_contains("exit file already present"));
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn watched_process_exit_triggers_shutdown() {
+    let mut workload = Command::new("sleep").arg("1").spawn().unwrap();
+    let mut m = Mounted::start(MountOpts {
+        args: vec!["--watch-pid".into(), workload.id().to_string()],
+        ..Default::default()
+    });
+    std::fs::write(m.path("a"), b"a").unwrap();
+    workload.wait().unwrap();
+    let st = m
+        .proc
+        .wait_timeout(Duration::from_secs(10))
+        .expect("exits after the workload");
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+    assert!(m.proc.stderr_contains("watched_pid_exited"));
+    assert!(!is_mounted(&m.mnt));
+}
+
+#[test]
+fn second_sigterm_stops_waiting() {
+    let mut s = stack(
+        &["--passthrough", "never", "--grace-period", "60s"],
+        &["--hang-upload", "stuck"],
+        true,
+    );
+    let path = s.m.path("stuck.bin");
+    let hung = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        let _ = f.write_all(b"x");
+    });
+    assert!(wait_until(Duration::from_secs(10), || s
+        .events()
+        .iter()
+        .any(|e| e.is("upload_start", "stuck.bin"))));
+    s.m.proc.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        s.m.proc.wait_timeout(Duration::ZERO).is_none(),
+        "must still wait after one SIGTERM"
+    );
+    let t = Instant::now();
+    s.m.proc.signal(Signal::SIGTERM);
+    let code = s.wait_exit(Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
+    assert_eq!(s.summary()["forced"], "second_signal");
+    s.assert_nothing_mounted();
+    hung.join().unwrap();
+}
+
+#[test]
+fn native_sidecar_sigterm_closes_the_door_at_once() {
+    let mut s = stack(&["--native-sidecar", "--quiet-period", "30s"], &[], true);
+    let mut held = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(s.m.path("h"))
+        .unwrap();
+    s.m.proc.signal(Signal::SIGTERM);
+    assert!(wait_until(Duration::from_secs(5), || s
+        .m
+        .proc
+        .stderr_contains("door_closed")));
+    assert_eq!(
+        std::fs::File::open(s.m.path("h"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ESHUTDOWN)
+    );
+    held.write_all(b"done").unwrap();
+    drop(held);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert_eq!(std::fs::read(s.bucket.join("h")).unwrap(), b"done");
+}
