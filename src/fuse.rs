@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use crate::accounting::Op;
 use crate::config::PassthroughMode;
 use crate::error::Error;
-use crate::fs::{Backing, Caller, Entry, Fs, XattrReply, sys::Stat};
+use crate::fs::{Backing, Caller, Entry, Fs, RegisterBacking, XattrReply, sys::Stat};
 
 /// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
 pub const MAX_IO: u32 = 1 << 20;
@@ -448,7 +448,7 @@ impl Filesystem for DrainFs {
         let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(fd)?))
         };
-        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> = if self.passthrough {
+        let reg: RegisterBacking<'_> = if self.passthrough {
             Some(&register)
         } else {
             None
@@ -755,7 +755,7 @@ impl Filesystem for DrainFs {
         let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(fd)?))
         };
-        let reg: Option<&dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>> = if self.passthrough {
+        let reg: RegisterBacking<'_> = if self.passthrough {
             Some(&register)
         } else {
             None

@@ -102,9 +102,11 @@ pub fn init(cfg: &LogConfig) {
         eprintln!("drainfs: warning: bad log filter {filter:?} ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
     });
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match cfg.format {
         LogFormat::Text => builder.with_target(false).try_init(),
         LogFormat::Json => builder.event_format(CloudJson).try_init(),

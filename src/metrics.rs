@@ -56,7 +56,7 @@ fn histogram_buckets(h: &Histogram) -> (Vec<(f64, u64)>, f64, u64) {
         .copied()
         .zip(b.iter().copied())
         .collect();
-    out.push((f64::INFINITY, b[b.len() - 1]));
+    out.push((f64::MAX, b[b.len() - 1])); // rendered as le="+Inf"
     (out, sum, count)
 }
 

@@ -88,8 +88,8 @@ fn a_10k_entry_directory_is_listed_completely_while_modified(mode: &str) {
             seen.len()
         );
         assert!(
-            during >= 10,
-            "round {round}: the directory barely changed ({during} ops)"
+            during >= 3,
+            "round {round}: the directory did not change during the listing ({during} ops)"
         );
     }
     stop.store(true, Ordering::Relaxed);
@@ -154,7 +154,7 @@ fn a_slow_flush_does_not_stall_other_processes(mode: &str) {
         "the slow close was still in progress"
     );
     assert!(
-        other < Duration::from_millis(1500),
+        other < Duration::from_secs(2),
         "the other process took {other:?} next to a {DELAY:?} FLUSH"
     );
     let close_took = closer.join().unwrap();

@@ -172,7 +172,8 @@ fn the_kernel_checks_permissions_for_every_operation(mode: &str) {
         c("private/inner"),
     );
     // Each body returns 0 or the errno of the one call that should fail.
-    let cases: Vec<(&str, i32, Box<dyn Fn() -> i32>)> = vec![
+    type Body<'a> = Box<dyn Fn() -> i32 + 'a>;
+    let cases: Vec<(&str, i32, Body)> = vec![
         (
             "write root's 0644 file",
             libc::EACCES,

@@ -854,9 +854,8 @@ impl Fs {
         {
             let mut st = inode.open.lock();
             let cached_mode = st.opens > 0 && st.passthrough_opens == 0;
-            let register = register.filter(|_| {
-                !cached_mode && !(unprivileged_suid_writer.is_some() && st.passthrough_opens == 0)
-            });
+            let suid_writer_alone = unprivileged_suid_writer.is_some() && st.passthrough_opens == 0;
+            let register = register.filter(|_| !cached_mode && !suid_writer_alone);
             if let Some(register) = register {
                 if let Some(caller) = &unprivileged_suid_writer {
                     self.kill_privs(fd.as_fd(), caller)?;

@@ -1,0 +1,491 @@
+//! Observability and control (issue #6) through the real binary: probes flipping over the
+//! lifecycle, metrics parsed by the reference OpenMetrics parser and equal to what the test did,
+//! quit/drain endpoints, the control socket subcommands, `drainfs cleanup`, JSON logs and the
+//! ready file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fuse_tests::harness::{MountOpts, Mounted, bin, is_mounted, wait_until};
+use nix::sys::signal::Signal;
+
+const LOWERS_PYTHON: &str = "/opt/drainfs-lowers/venv/bin/python";
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+/// `(status, body)` of a GET.
+fn get(base: &str, path: &str) -> (u16, String) {
+    let mut r = agent()
+        .get(format!("{base}{path}"))
+        .call()
+        .expect("admin server answers");
+    (
+        r.status().as_u16(),
+        r.body_mut().read_to_string().unwrap_or_default(),
+    )
+}
+
+fn post(base: &str, path: &str) -> u16 {
+    agent()
+        .post(format!("{base}{path}"))
+        .send_empty()
+        .expect("admin server answers")
+        .status()
+        .as_u16()
+}
+
+/// The admin server's address, read from drainfs's log line.
+fn admin_base(m: &Mounted) -> String {
+    let mut addr = None;
+    assert!(wait_until(Duration::from_secs(10), || {
+        addr = m.proc.stderr.lock().unwrap().iter().find_map(|l| {
+            let i = l.find("admin server listening")?;
+            let rest = &l[i..];
+            let a = rest.split("addr=").nth(1)?.split_whitespace().next()?;
+            Some(a.trim_matches('"').to_string())
+        });
+        addr.is_some()
+    }));
+    format!("http://{}", addr.unwrap())
+}
+
+/// A drainfs whose lower (bucketfs) takes `delay` to appear, with the admin server on an
+/// ephemeral port and a control socket.
+fn start(delay: &str, extra: &[&str]) -> (Mounted, PathBuf, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-obs-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    let bucket = dir.path().join("bucket");
+    for d in [&lower, &mnt, &bucket] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let sock = dir.path().join("ctl.sock");
+    let ready = dir.path().join("ready");
+    let mut args: Vec<String> = Vec::new();
+    if !extra.contains(&"--admin-addr") {
+        args.extend(["--admin-addr".to_string(), "127.0.0.1:0".to_string()]);
+    }
+    args.extend([
+        "--control-socket".into(),
+        sock.display().to_string(),
+        "--ready-file".into(),
+        ready.display().to_string(),
+    ]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let script = format!(
+        "sleep {delay}; exec {} --bucket {} --mountpoint {}",
+        bin("bucketfs").display(),
+        bucket.display(),
+        lower.display()
+    );
+    let m = Mounted::start_in(
+        dir,
+        lower,
+        mnt,
+        MountOpts {
+            args,
+            lower_cmd: vec!["sh".into(), "-c".into(), script],
+            no_wait: true,
+        },
+    );
+    (m, sock, ready)
+}
+
+#[test]
+fn probes_flip_at_the_right_moments() {
+    let (mut m, _sock, ready) = start("1.5", &["--quiet-period", "300ms"]);
+    let base = admin_base(&m);
+    // Starting: the lower is not mounted yet.
+    assert_eq!(get(&base, "/startupz").0, 503);
+    assert_eq!(get(&base, "/readyz").0, 503);
+    assert_eq!(get(&base, "/livez").0, 200, "starting is alive");
+    assert!(!ready.exists());
+    m.wait_serving(Duration::from_secs(20));
+    assert!(wait_until(Duration::from_secs(5), || get(
+        &base,
+        "/startupz"
+    )
+    .0 == 200));
+    assert_eq!(get(&base, "/readyz").0, 200);
+    let (code, body) = get(&base, "/livez?verbose");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("[+] fuse_loop") && body.contains("[+] lower"),
+        "{body}"
+    );
+    assert!(ready.exists(), "ready file written once serving");
+
+    // A wedged lower turns liveness false within the bound (and back once it answers).
+    let lower_pid = child_of(m.proc.pid());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(lower_pid), Signal::SIGSTOP).unwrap();
+    let t = Instant::now();
+    let (code, body) = get(&base, "/livez?verbose");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("[-] lower"), "{body}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(lower_pid), Signal::SIGCONT).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || get(&base, "/livez")
+        .0
+        == 200));
+
+    // Draining: ready turns false at once, while the mount still serves an open handle.
+    let mut f = std::fs::File::create(m.path("held")).unwrap();
+    assert_eq!(post(&base, "/drain"), 200);
+    assert!(wait_until(Duration::from_secs(2), || get(&base, "/readyz")
+        .0
+        == 503));
+    assert!(
+        wait_until(Duration::from_secs(2), || !ready.exists()),
+        "ready file removed when draining begins"
+    );
+    assert_eq!(get(&base, "/startupz").0, 200);
+    f.write_all(b"still served").unwrap();
+    drop(f);
+    // Drain, not quit: drainfs closes the door after the quiet period and exits by itself.
+    let st = m
+        .proc
+        .wait_timeout(Duration::from_secs(20))
+        .expect("exits after draining");
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+    assert!(!is_mounted(&m.mnt));
+}
+
+fn child_of(pid: i32) -> i32 {
+    let mut out = None;
+    wait_until(Duration::from_secs(5), || {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            if let Some(c) = children.split_whitespace().next() {
+                out = c.parse().ok();
+                return true;
+            }
+        }
+        false
+    });
+    out.expect("a child process")
+}
+
+/// Parses OpenMetrics text with the reference parser (prometheus_client) and returns
+/// `{"name{labels}": value}` for every sample.
+fn parse_metrics(text: &str) -> serde_json::Value {
+    let script = r#"
+import sys, json
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+        out[f"{s.name}{{{labels}}}"] = s.value
+print(json.dumps(out))
+"#;
+    assert!(
+        Path::new(LOWERS_PYTHON).exists(),
+        "{LOWERS_PYTHON} missing: run scripts/install-lowers.sh (it installs the reference metrics parser)"
+    );
+    let mut child = Command::new(LOWERS_PYTHON)
+        .arg("-c")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "metrics do not parse: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn metric(m: &serde_json::Value, key: &str) -> f64 {
+    m.get(key)
+        .and_then(|v| v.as_f64())
+        .unwrap_or_else(|| panic!("metric {key} missing"))
+}
+
+#[test]
+fn metrics_parse_and_count_what_the_test_did() {
+    let (mut m, sock, _ready) = start("0", &["--passthrough", "never"]);
+    m.wait_serving(Duration::from_secs(20));
+    let base = admin_base(&m);
+    let before = parse_metrics(&get(&base, "/metrics").1);
+    std::fs::create_dir(m.path("d")).unwrap();
+    for i in 0..7 {
+        std::fs::write(m.path(&format!("d/f{i}")), vec![b'x'; 1000]).unwrap();
+    }
+    for i in 0..3 {
+        assert_eq!(
+            std::fs::read(m.path(&format!("d/f{i}"))).unwrap().len(),
+            1000
+        );
+    }
+    // An error only the lower can give (the kernel answers EEXIST from its own cache).
+    let e = std::fs::remove_dir(m.path("d")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    let held = std::fs::File::open(m.path("d/f0")).unwrap();
+    let after = parse_metrics(&get(&base, "/metrics").1);
+    let delta = |k: &str| metric(&after, k) - before.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    assert_eq!(delta(r#"drainfs_requests_total{op="create"}"#), 7.0);
+    assert_eq!(delta(r#"drainfs_requests_total{op="mkdir"}"#), 1.0);
+    assert_eq!(delta(r#"drainfs_requests_total{op="rmdir"}"#), 1.0);
+    assert_eq!(delta(r#"drainfs_request_errors_total{op="rmdir"}"#), 1.0);
+    assert_eq!(delta(r#"drainfs_handles_opened_total{mode="write"}"#), 7.0);
+    assert_eq!(delta(r#"drainfs_handles_opened_total{mode="read"}"#), 4.0);
+    assert_eq!(
+        delta(r#"drainfs_requests_total{op="flush"}"#),
+        7.0,
+        "one FLUSH per written file's close; read-only opens need none"
+    );
+    assert_eq!(delta(r#"drainfs_written_bytes_total{}"#), 7000.0);
+    assert_eq!(delta(r#"drainfs_read_bytes_total{}"#), 3000.0);
+    assert_eq!(metric(&after, r#"drainfs_open_handles{mode="read"}"#), 1.0);
+    assert_eq!(metric(&after, r#"drainfs_open_handles{mode="write"}"#), 0.0);
+    assert_eq!(metric(&after, r#"drainfs_phase{phase="serving"}"#), 1.0);
+    assert_eq!(metric(&after, r#"drainfs_lower_up{}"#), 1.0);
+    assert_eq!(
+        delta(r#"drainfs_lower_flush_duration_seconds_count{}"#),
+        7.0
+    );
+    assert!(
+        metric(
+            &after,
+            r#"drainfs_request_duration_seconds_count{op="create"}"#
+        ) >= 7.0
+    );
+    assert!(
+        after
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| k.starts_with("drainfs_"))
+    );
+
+    // `drainfs status --json` and `/status` agree.
+    let out = Command::new(bin("drainfs"))
+        .args(["status", "--json", "--control-socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let via_socket: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let via_http: serde_json::Value = serde_json::from_str(&get(&base, "/status").1).unwrap();
+    for key in ["phase", "outstanding", "open_paths", "init", "lower_up"] {
+        assert_eq!(via_socket[key], via_http[key], "{key}");
+    }
+    assert_eq!(via_http["outstanding"]["open_read"], 1);
+    assert_eq!(via_http["open_paths"][0][0], "d/f0");
+    drop(held);
+
+    // After a quit, the trigger counter and the phase move.
+    assert_eq!(post(&base, "/quitquitquit"), 200);
+    let st = m.proc.wait_timeout(Duration::from_secs(20)).expect("exits");
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn quitquitquit_is_post_only_and_loopback_only() {
+    // Bind on every address so a non-loopback peer can reach it.
+    let (mut m, _sock, _ready) = start("0", &["--admin-addr", "0.0.0.0:0"]);
+    m.wait_serving(Duration::from_secs(20));
+    let base = admin_base(&m).replace("0.0.0.0", "127.0.0.1");
+    assert_eq!(
+        agent()
+            .get(format!("{base}/quitquitquit"))
+            .call()
+            .unwrap()
+            .status()
+            .as_u16(),
+        405
+    );
+    assert_eq!(
+        agent()
+            .get(format!("{base}/drain"))
+            .call()
+            .unwrap()
+            .status()
+            .as_u16(),
+        405
+    );
+    if let Some(ip) = non_loopback_ipv4() {
+        let port = base.rsplit(':').next().unwrap();
+        let status = agent()
+            .post(format!("http://{ip}:{port}/quitquitquit"))
+            .send_empty()
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(status, 403, "a non-loopback peer must be refused");
+        assert_eq!(
+            get(&base, "/readyz").0,
+            200,
+            "a refused request must not trigger anything"
+        );
+    } else {
+        eprintln!(
+            "note: no non-loopback IPv4 address on this machine; the 403 case was not exercised"
+        );
+    }
+    assert_eq!(post(&base, "/quitquitquit"), 200);
+    let st = m.proc.wait_timeout(Duration::from_secs(20)).expect("exits");
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+    assert!(m.proc.stderr_contains("quit_request"));
+    assert!(!is_mounted(&m.mnt));
+}
+
+fn non_loopback_ipv4() -> Option<String> {
+    let out = Command::new("hostname").arg("-I").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|a| a.contains('.') && !a.starts_with("127."))
+        .map(str::to_string)
+}
+
+#[test]
+fn wait_returns_only_once_the_mount_serves_and_shutdown_wait_blocks_until_exit() {
+    let (mut m, sock, _ready) = start("1.5", &[]);
+    let t = Instant::now();
+    let out = Command::new(bin("drainfs"))
+        .args(["wait", "--timeout", "30s", "--control-socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(1000),
+        "returned before the lower could be ready"
+    );
+    assert!(is_mounted(&m.mnt));
+    std::fs::write(m.path("usable"), b"yes").unwrap();
+    let out = Command::new(bin("drainfs"))
+        .args(["shutdown", "--wait", "--control-socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // --wait returns once drainfs is gone (its socket removed at exit).
+    assert!(
+        m.proc.wait_timeout(Duration::from_secs(2)).is_some(),
+        "shutdown --wait returned before drainfs exited"
+    );
+    assert!(!is_mounted(&m.mnt));
+}
+
+#[test]
+fn wait_times_out_with_75_when_nothing_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin("drainfs"))
+        .args(["wait", "--timeout", "300ms", "--control-socket"])
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75));
+}
+
+#[test]
+fn cleanup_repairs_a_mount_left_by_a_killed_drainfs() {
+    let mut m = Mounted::new("auto");
+    std::fs::write(m.path("f"), b"x").unwrap();
+    m.proc.signal(Signal::SIGKILL);
+    m.proc.wait_timeout(Duration::from_secs(5)).unwrap();
+    let e = std::fs::metadata(&m.mnt).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN),
+        "a dead mount is left: {e}"
+    );
+    let run = |args: &[&str]| {
+        Command::new(bin("drainfs"))
+            .arg("cleanup")
+            .args(args)
+            .arg(&m.mnt)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&m.mnt));
+    assert!(
+        std::fs::metadata(&m.mnt).unwrap().is_dir(),
+        "the path is usable again"
+    );
+    // Idempotent.
+    assert!(run(&[]).status.success());
+    // A live, healthy mount is left alone unless --force.
+    let live = Mounted::new("auto");
+    let out = Command::new(bin("drainfs"))
+        .arg("cleanup")
+        .arg(&live.mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(is_mounted(&live.mnt), "live mount must be left alone");
+    let out = Command::new(bin("drainfs"))
+        .args(["cleanup", "--force"])
+        .arg(&live.mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!is_mounted(&live.mnt));
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let mut m = Mounted::start(MountOpts {
+        args: vec!["--log-format".into(), "json".into()],
+        ..Default::default()
+    });
+    std::fs::write(m.path("a"), b"a").unwrap();
+    assert_eq!(m.stop(Duration::from_secs(20)).code(), Some(0));
+    let lines = m.proc.stderr.lock().unwrap().clone();
+    assert!(lines.len() >= 5);
+    let mut transitions = 0;
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"));
+        for key in ["timestamp", "severity", "message"] {
+            assert!(v.get(key).is_some(), "{key} missing in {line}");
+        }
+        assert!(["DEBUG", "INFO", "WARNING", "ERROR"].contains(&v["severity"].as_str().unwrap()));
+        if v["message"].as_str().unwrap().starts_with("lifecycle: ") {
+            transitions += 1;
+            assert!(v.get("cause").is_some(), "transition without cause: {line}");
+        }
+    }
+    assert!(transitions >= 4, "every transition is logged");
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The full test suite: the README's second command and what CI (.ci/run) runs.
+# Installs what it needs on a fresh Debian machine (as root): fuse3, fio, the real lowers
+# (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
+# -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
+# root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+need_apt=()
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v fio >/dev/null || need_apt+=(fio)
+command -v python3 >/dev/null || need_apt+=(python3)
+if ((${#need_apt[@]})); then
+  step "apt-get install ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "scripts/test.sh: the mount tests need root (mount(2), /dev/fuse, other users)" >&2
+  exit 2
+fi
+
+step "real lowers (rclone + fake-gcs-server, s3fs + moto)"
+bash scripts/install-lowers.sh
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+
+step "build"
+cargo build --workspace --bins --locked
+
+step "cargo test (unit tests and real mounts)"
+# Two test threads: the machine has two cores and the mount tests start FUSE daemons.
+cargo test --workspace --locked -- --test-threads=2
+
+step "Kubernetes manifests and Dockerfile (offline)"
+DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
+
+step "benchmark harness, smoke mode"
+bash fuse-tests/bench/run.sh --smoke
+
+leftover=$(awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | grep -E 'drainfs|bench' || true)
+if [[ -n "$leftover" ]]; then
+  echo "mounts left behind by the tests:" >&2
+  echo "$leftover" >&2
+  exit 1
+fi
+step "all checks passed"
