@@ -2,7 +2,7 @@
 //!
 //! Every `run` option can also be given as a `DRAINFS_*` environment variable (the flag wins).
 //! Parsing turns arguments into the typed configs the rest of the crate takes
-//! ([`RunConfig`](crate::config::RunConfig) and friends); value parsers return domain types so
+//! ([`crate::config::RunConfig`] and friends); value parsers return domain types so
 //! a bad value is rejected with a readable one-line message and exit status 2.
 
 use std::net::SocketAddr;

@@ -1048,7 +1048,7 @@ impl Runner {
         self.shared.inner.lock().lower_up = false;
         if let Some(st) = st {
             self.lower_exit = Some(procs::describe(&st));
-            let clean = self.lower.spawned && clean_stop(&st, sig) || !self.lower.spawned;
+            let clean = !self.lower.spawned || clean_stop(&st, sig);
             if !clean {
                 self.lower_clean = false;
             }

@@ -106,7 +106,10 @@ pub fn init(cfg: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+        .with_ansi(std::io::stderr().is_terminal())
+        // A log reader that went away (a closed pipe) must not take the mount down: by default
+        // tracing-subscriber reports a failed write with `eprintln!`, which panics on EPIPE.
+        .log_internal_errors(false);
     let _ = match cfg.format {
         LogFormat::Text => builder.with_target(false).try_init(),
         LogFormat::Json => builder.event_format(CloudJson).try_init(),

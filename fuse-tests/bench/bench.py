@@ -51,9 +51,18 @@ DRAINFS_MODES = {"pt": "auto", "never": "never"}
 PASSTHROUGH_HP_US = {"create": 170.0, "open_close": 90.0, "unlink": 90.0}
 
 PROFILES = {
-    "full": dict(reps=3, runtime="10s", ramp="1s", size="1G", tmpfs="6g", md_files=10000, trigger_runs=20, idle=0.75),
-    "smoke": dict(reps=2, runtime="400ms", ramp="0", size="32M", tmpfs="1g", md_files=400, trigger_runs=5, idle=0.75),
+    "full": dict(reps=3, runtime="10s", ramp="1s", size="1G", tmpfs="6g", md_files=10000, trigger_runs=20, idle=0.6),
+    "smoke": dict(reps=2, runtime="400ms", ramp="0", size="32M", tmpfs="1g", md_files=400, trigger_runs=5, idle=0.6),
 }
+
+
+def sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def loadavg():
@@ -181,6 +190,12 @@ class Drainfs:
                 if k in ("VmRSS", "VmHWM", "Threads"):
                     out[k] = int(v.split()[0])
         return out
+
+    def cpu_secs(self):
+        """utime + stime of the daemon so far."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self, timeout=30.0):
         """SIGTERM, then waitpid as the parent. Returns seconds from kill() to reaped."""
@@ -333,6 +348,11 @@ def build_rows(ctx, med):
         tgt = f"<{lim} MiB" if lim else ""
         met = "-" if not lim else "; ".join(f"{t} {yn(None if v[t] is None else v[t] < lim)}" for t in ("pt", "never"))
         rows.append((f"drainfs RSS {label} (MiB)", "-", fmt_num(v["pt"]), "", fmt_num(v["never"]), "", tgt, met))
+    for key, _, _, _ in FIO_JOBS:
+        for nj in NUMJOBS:
+            v = {t: med["cpu"].get(f"{key}/nj{nj}/{t}") for t in ("pt", "never")}
+            if any(x is not None for x in v.values()):
+                rows.append((f"drainfs CPU s during fio {key} nj{nj}", "-", fmt_num(v["pt"]), "", fmt_num(v["never"]), "", "", "-"))
     return rows
 
 
@@ -365,8 +385,9 @@ def main():
     ap.add_argument("--size", help="fio file size per job (default 1G, smoke 32M)")
     ap.add_argument("--md-files", type=int, help="mdbench files (default 10000, smoke 400)")
     ap.add_argument("--trigger-runs", type=int, help="trigger-to-exit runs per case (default 20, smoke 5)")
-    ap.add_argument("--idle", type=float, help="seconds the mount stays idle before the trigger (default 0.75: "
-                    "longer than drainfs's default 500ms quiet period, which counts from the last request)")
+    ap.add_argument("--idle", type=float, help="seconds the mount stays idle before the trigger (default 0.6: longer than drainfs's "
+                    "default 500ms quiet period, so an idle mount is idle whether the quiet period counts from "
+                    "the last request or from the trigger)")
     ap.add_argument("--threads", type=int, help="pass --threads N to drainfs (default: drainfs's own default)")
     ap.add_argument("--ttl", help="pass --ttl to drainfs (default: drainfs's own default)")
     a = ap.parse_args()
@@ -390,11 +411,13 @@ def main():
     ctx.work = os.path.abspath(a.workdir)
     ctx.lower = os.path.join(ctx.work, "lower")
     ctx.logs = os.path.join(ctx.work, "logs")
-    ctx.drainfs = os.path.join(a.bin_dir, "drainfs")
-    ctx.mdbench = os.path.join(a.bin_dir, "mdbench")
-    for b in (ctx.drainfs, ctx.mdbench):
-        if not os.access(b, os.X_OK):
-            sys.exit(f"bench: {b} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
+    # Private copies: a concurrent `cargo build` must not swap the binary under test mid-run.
+    os.makedirs(os.path.join(ctx.work, "bin"), exist_ok=True)
+    for name in ("drainfs", "mdbench"):
+        src = os.path.join(a.bin_dir, name)
+        if not os.access(src, os.X_OK):
+            sys.exit(f"bench: {src} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
+        setattr(ctx, name, shutil.copy2(src, os.path.join(ctx.work, "bin", name)))
     if shutil.which("fio") is None:
         sys.exit("bench: fio not installed (run.sh installs it)")
     ctx.results = a.results or os.path.join(HERE, "results", time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if a.smoke else ""))
@@ -407,7 +430,7 @@ def main():
     if a.ttl:
         common += ["--ttl", a.ttl]
 
-    raw = {"fio": {}, "fio_load": {}, "md": {}, "trigger": {}, "rss": {}, "drainfs_log": {}, "trigger_summaries": []}
+    raw = {"fio": {}, "fio_load": {}, "fio_daemon_cpu": {}, "md": {}, "trigger": {}, "rss": {}, "cpu": {}, "drainfs_log": {}, "trigger_summaries": []}
     daemons = []
     t_start = time.monotonic()
     load_start = loadavg()
@@ -451,7 +474,10 @@ def main():
                     for t in rotated(rep):
                         i += 1
                         out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{t}-rep{rep}.json")
+                        cpu0 = dm[t].cpu_secs() if t in dm else 0.0
                         doc = run_fio(ctx, ini, fio_dir[t], nj, out)
+                        if t in dm:
+                            raw["fio_daemon_cpu"].setdefault(f"{key}/nj{nj}/{t}", []).append(dm[t].cpu_secs() - cpu0)
                         v = fio_value(doc, direction, unit)
                         raw["fio"].setdefault(f"{key}/nj{nj}/{t}", []).append(v)
                         raw["fio_load"].setdefault(f"{key}/nj{nj}/{t}", []).append(loadavg())
@@ -459,6 +485,8 @@ def main():
         for t, d in dm.items():
             st = d.status()
             raw["rss"][f"after_fio/{t}"] = [st["VmRSS"] / 1024]
+        for k, v in raw["fio_daemon_cpu"].items():
+            raw["cpu"][k] = [statistics.median(v)]
         log("RSS after fio: " + ", ".join(f"{t} {raw['rss'][f'after_fio/{t}'][0]:.1f} MiB" for t in dm))
 
         # 4. metadata
@@ -520,7 +548,9 @@ def main():
 
     elapsed = time.monotonic() - t_start
     load_end = loadavg()
-    med = {k: {} for k in ("fio", "md", "trigger", "rss")}
+    med = {k: {} for k in ("fio", "md", "trigger", "rss", "cpu")}
+    for k, v in raw["cpu"].items():
+        med["cpu"][k] = v[0]
     for k, v in raw["fio"].items():
         med["fio"][k] = statistics.median(v)
     for k, v in raw["md"].items():
@@ -543,6 +573,8 @@ def main():
         f.write(table + "\n")
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "kernel": platform.release(),
             "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end, "drainfs_extra_args": common, "passthrough_hp_us": PASSTHROUGH_HP_US,
+            "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip(),
+            "drainfs_sha256": sha256(ctx.drainfs),
             "fio_version": subprocess.run(["fio", "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()}
     with open(os.path.join(ctx.results, "results.json"), "w") as f:
         json.dump({"meta": meta, "raw": raw, "medians": med}, f, indent=1, sort_keys=True)

@@ -312,19 +312,14 @@ impl Drop for Mounted {
     }
 }
 
-/// Runs `cmd` as `uid:gid` (no supplementary groups) and returns its output.
+/// Runs `cmd` as `uid:gid` with no supplementary groups (std drops them when a root parent
+/// changes the uid) and returns its output.
 pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(program);
-    cmd.args(args).uid(uid).gid(gid);
-    // SAFETY: setgroups in the child before exec, with no allocation.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setgroups(0, std::ptr::null()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.output().expect("run_as")
+    Command::new(program)
+        .args(args)
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .expect("run_as")
 }

@@ -554,3 +554,47 @@ fn native_sidecar_sigterm_closes_the_door_at_once() {
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
     assert_eq!(std::fs::read(s.bucket.join("h")).unwrap(), b"done");
 }
+
+#[test]
+fn a_log_reader_going_away_does_not_take_the_mount_down() {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let mut child = Command::new(bin("drainfs"))
+        .args(["run", "--lower"])
+        .arg(&lower)
+        .arg("--mountpoint")
+        .arg(&mnt)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let guard = scopeguard(&mnt);
+    assert!(wait_until(Duration::from_secs(10), || is_mounted(&mnt)));
+    drop(child.stderr.take()); // the log reader goes away
+    std::fs::write(mnt.join("f"), b"still served").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(0));
+    assert!(!is_mounted(&mnt));
+    assert_eq!(std::fs::read(lower.join("f")).unwrap(), b"still served");
+    drop(guard);
+}
+
+/// Detaches `path` on drop if something is still mounted there.
+fn scopeguard(path: &Path) -> impl Drop + use<> {
+    struct G(PathBuf);
+    impl Drop for G {
+        fn drop(&mut self) {
+            fuse_tests::harness::force_unmount(&self.0);
+        }
+    }
+    G(path.to_path_buf())
+}

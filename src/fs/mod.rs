@@ -4,7 +4,7 @@
 //! Identity follows virtiofsd and fuse-backend-rs: an inode is keyed by the lower's
 //! `(st_dev, st_ino)`, so hard links share one nodeid and renames keep identity; nodeids are
 //! never reused; the root is pinned. Unlike virtiofsd, an inode does not hold an O_PATH fd for
-//! its whole life: O_PATH fds live in a bounded LRU cache ([`FsConfig::max_lower_fds`]) and an
+//! its whole life: O_PATH fds live in a bounded LRU cache ([`crate::config::FsConfig::max_lower_fds`]) and an
 //! inode that lost its fd is found again through its last known location (parent inode + name),
 //! verified against its key (a mismatch is `ESTALE`). That keeps 100,000 known inodes within a
 //! 20,000 RLIMIT_NOFILE (gcsfuse's inode numbers are not usable with `name_to_handle_at`).
@@ -901,7 +901,7 @@ impl Fs {
 
     /// OPEN: opens the lower file with the application's flags; with `register`, sets up
     /// kernel passthrough (one backing id per inode, shared by concurrent opens), except for
-    /// the cases [`Fs::install_handle`] lists. `caller` is who opens (its uid stands for
+    /// the cases `Fs::install_handle` lists. `caller` is who opens (its uid stands for
     /// "lacks CAP_FSETID" when non-zero).
     ///
     /// # Errors
