@@ -98,7 +98,9 @@ pub struct RunArgs {
 
     /// Kernel passthrough for regular files: `auto` uses it when the kernel grants
     /// FUSE_PASSTHROUGH and drainfs has CAP_SYS_ADMIN; `always` fails the mount otherwise;
-    /// `never` serves reads and writes in drainfs.
+    /// `never` serves reads and writes in drainfs; `reads` uses passthrough for read-only opens
+    /// only (for lowers that upload per file handle, such as rclone: with passthrough the
+    /// kernel writes through its own lower handle, which never sees a FLUSH).
     #[arg(long, env = "DRAINFS_PASSTHROUGH", value_enum, default_value_t = PassthroughArg::Auto, help_heading = HEADING_FS)]
     pub passthrough: PassthroughArg,
 
@@ -201,6 +203,8 @@ pub enum PassthroughArg {
     Always,
     /// Never use kernel passthrough.
     Never,
+    /// Kernel passthrough for read-only opens only.
+    Reads,
 }
 
 /// `--log-format` values.
@@ -257,6 +261,7 @@ impl RunArgs {
             PassthroughArg::Auto => PassthroughMode::Auto,
             PassthroughArg::Always => PassthroughMode::Always,
             PassthroughArg::Never => PassthroughMode::Never,
+            PassthroughArg::Reads => PassthroughMode::Reads,
         };
         let native_env = native_sidecar_env.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         let grace_margin = self.grace_margin.unwrap_or_else(|| {

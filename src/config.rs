@@ -30,6 +30,9 @@ pub enum PassthroughMode {
     Auto,
     /// Fail the mount unless FUSE_PASSTHROUGH is available.
     Always,
+    /// Passthrough for read-only opens only; writes are served by drainfs (for lowers that
+    /// upload per file handle, such as rclone with `--vfs-cache-mode off`).
+    Reads,
     /// Serve reads and writes in drainfs.
     Never,
 }

@@ -15,7 +15,8 @@
 //!   `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO` (one round trip fills `ls -l`),
 //!   `FUSE_ATOMIC_O_TRUNC` (O_TRUNC rides on OPEN instead of a second SETATTR round trip),
 //!   `FUSE_AUTO_INVAL_DATA` (the page cache is dropped when the lower's mtime or size changes),
-//!   `FUSE_CACHE_SYMLINKS`.
+//!   `FUSE_CACHE_SYMLINKS`, `FUSE_DIRECT_IO_ALLOW_MMAP` (shared mmap of the direct-io writable
+//!   opens of `--passthrough reads`).
 //! - Read-only opens get `FOPEN_NOFLUSH`: their close() costs no FLUSH round trip, and there is
 //!   nothing to upload.
 
@@ -39,7 +40,7 @@ use parking_lot::Mutex;
 use crate::accounting::Op;
 use crate::config::PassthroughMode;
 use crate::error::Error;
-use crate::fs::{Backing, Caller, Entry, Fs, RegisterBacking, XattrReply, sys::Stat};
+use crate::fs::{Backing, Caller, Entry, Fs, Passthrough, RegisterBacking, XattrReply, sys::Stat};
 
 /// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
 pub const MAX_IO: u32 = 1 << 20;
@@ -217,9 +218,30 @@ impl DrainFs {
         reply.entry(&self.ttl, &attr(e.nodeid, &e.st), Generation(0));
     }
 
-    fn open_flags(flags: i32) -> FopenFlags {
+    /// The passthrough request for an open with these flags: any open in `auto` and `always`;
+    /// in `reads`, read-only opens, and writable ones only to join readers that already hold
+    /// the inode's backing id.
+    fn passthrough_for<'a>(
+        &self,
+        flags: i32,
+        register: &'a dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>,
+    ) -> RegisterBacking<'a> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.passthrough.then_some(Passthrough {
+            register,
+            only_if_shared: writable && self.mode == PassthroughMode::Reads,
+        })
+    }
+
+    /// FOPEN flags: read-only opens need no FLUSH round trip. In `reads` mode writable opens
+    /// served by drainfs get FOPEN_DIRECT_IO, which takes no inode io mode, so passthrough
+    /// readers may open the inode while they are open (a cached open would make those fail;
+    /// fs/fuse/iomode.c).
+    fn open_flags(&self, flags: i32, passthrough: bool) -> FopenFlags {
         if flags & libc::O_ACCMODE == libc::O_RDONLY {
             FopenFlags::FOPEN_NOFLUSH
+        } else if self.passthrough && self.mode == PassthroughMode::Reads && !passthrough {
+            FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()
         }
@@ -239,6 +261,8 @@ impl Filesystem for DrainFs {
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_ASYNC_DIO;
         let _ = config.add_capabilities(wanted & caps);
@@ -448,13 +472,12 @@ impl Filesystem for DrainFs {
         let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(fd)?))
         };
-        let reg: RegisterBacking<'_> = if self.passthrough {
-            Some(&register)
-        } else {
-            None
-        };
+        let reg = self.passthrough_for(flags.0, &register);
         match self.core.open(ino.0, flags.0, caller(req), reg) {
-            Ok(o) => reply_open(reply, o.fh, Self::open_flags(flags.0), o.backing),
+            Ok(o) => {
+                let f = self.open_flags(flags.0, o.backing.is_some());
+                reply_open(reply, o.fh, f, o.backing)
+            }
             Err(e) => fail!(g, reply, e),
         }
     }
@@ -755,18 +778,14 @@ impl Filesystem for DrainFs {
         let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(fd)?))
         };
-        let reg: RegisterBacking<'_> = if self.passthrough {
-            Some(&register)
-        } else {
-            None
-        };
+        let reg = self.passthrough_for(flags, &register);
         match self
             .core
             .create(parent.0, name, mode, flags, caller(req), reg)
         {
             Ok((e, o)) => {
                 let a = attr(e.nodeid, &e.st);
-                let f = Self::open_flags(flags);
+                let f = self.open_flags(flags, o.backing.is_some());
                 match o
                     .backing
                     .as_ref()

@@ -767,7 +767,13 @@ impl Runner {
             kernel_abi = %info.kernel_abi,
             threads = self.cfg.fs.threads,
             "mounted; data path: {}",
-            if info.passthrough { "kernel passthrough" } else { "served by drainfs" }
+            match (info.passthrough, self.cfg.fs.passthrough) {
+                (false, _) => "served by drainfs",
+                (true, crate::config::PassthroughMode::Reads) => {
+                    "kernel passthrough for read-only opens, writes served by drainfs"
+                }
+                (true, _) => "kernel passthrough",
+            }
         );
         {
             let mut i = self.shared.inner.lock();

@@ -10,10 +10,9 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::*;
-use fuse_tests::bucket::read_events;
 
 both_modes!(
     lookup_and_getattr_report_the_lower,
@@ -34,7 +33,6 @@ both_modes!(
     seek_data_and_seek_hole_on_a_sparse_file,
     copy_file_range_between_files_in_the_mount,
     lower_errnos_pass_through_unchanged,
-    close_uploads_to_a_flush_only_lower,
     close_returns_the_lowers_flush_error,
 );
 
@@ -1209,54 +1207,6 @@ fn lower_errnos_pass_through_unchanged(mode: &str) {
     assert_eq!(fs::read(lower.join("file")).unwrap(), b"content");
     assert_eq!(fs::read(lower.join("dir/child")).unwrap(), b"c");
     assert_eq!(fs::read_dir(&lower).unwrap().count(), 5);
-}
-
-/// With a lower that publishes data only at FLUSH (like gcsfuse), the object exists in the
-/// bucket the moment `close(2)` returns, and not before: FLUSH is forwarded inside close.
-/// FSYNC publishes too.
-fn close_uploads_to_a_flush_only_lower(mode: &str) {
-    let s = over_bucketfs(mode, &[]);
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(s.m.path("obj"))
-        .unwrap();
-    let data = pattern(3, 300_000);
-    f.write_all_at(&data, 0).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !s.bucket.join("obj").exists() || fs::read(s.bucket.join("obj")).unwrap().is_empty(),
-        "published before any FLUSH/FSYNC"
-    );
-    close(f).unwrap();
-    assert_eq!(
-        fs::read(s.bucket.join("obj")).unwrap(),
-        data,
-        "in the bucket right after close returned"
-    );
-    let events = read_events(&s.events);
-    assert!(
-        events
-            .iter()
-            .any(|e| e.is("upload_done", "obj") && e.size == Some(data.len() as u64)),
-        "{events:?}"
-    );
-
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(s.m.path("synced"))
-        .unwrap();
-    f.write_all_at(b"fsync publishes", 0).unwrap();
-    f.sync_all().unwrap();
-    assert_eq!(
-        fs::read(s.bucket.join("synced")).unwrap(),
-        b"fsync publishes",
-        "in the bucket right after fsync returned"
-    );
-    close(f).unwrap();
 }
 
 /// A lower whose upload fails answers FLUSH with EIO: the application's close(2) returns it.

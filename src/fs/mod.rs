@@ -301,9 +301,20 @@ pub struct Opened {
     pub backing: Option<Backing>,
 }
 
-/// How an OPEN should set up passthrough: `None` serves data in drainfs; `Some(register)`
-/// registers a backing fd with the kernel (`FUSE_DEV_IOC_BACKING_OPEN`).
-pub type RegisterBacking<'a> = Option<&'a dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>>;
+/// How an OPEN should set up passthrough: `None` serves data in drainfs; `Some` may use
+/// kernel passthrough (see [`Passthrough`]).
+pub type RegisterBacking<'a> = Option<Passthrough<'a>>;
+
+/// A passthrough request for one OPEN/CREATE.
+#[derive(Clone, Copy)]
+pub struct Passthrough<'a> {
+    /// Registers a backing fd with the kernel (`FUSE_DEV_IOC_BACKING_OPEN`).
+    pub register: &'a dyn Fn(BorrowedFd<'_>) -> std::io::Result<Backing>,
+    /// Use passthrough only if the inode already has a backing id (`--passthrough reads` for a
+    /// writable open): the kernel requires every open of an inode with a backing file to be
+    /// passthrough too (fs/fuse/iomode.c), so such a writer joins; otherwise drainfs serves it.
+    pub only_if_shared: bool,
+}
 
 fn cname(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| Kind::BadName.into())
@@ -855,7 +866,10 @@ impl Fs {
             let mut st = inode.open.lock();
             let cached_mode = st.opens > 0 && st.passthrough_opens == 0;
             let suid_writer_alone = unprivileged_suid_writer.is_some() && st.passthrough_opens == 0;
-            let register = register.filter(|_| !cached_mode && !suid_writer_alone);
+            let register = register
+                .filter(|_| !cached_mode && !suid_writer_alone)
+                .filter(|p| !p.only_if_shared || st.backing.is_some())
+                .map(|p| p.register);
             if let Some(register) = register {
                 if let Some(caller) = &unprivileged_suid_writer {
                     self.kill_privs(fd.as_fd(), caller)?;

@@ -313,6 +313,10 @@ fn suid_writers_and_cached_inodes_are_not_passthrough() {
         registered.fetch_add(1, SeqCst);
         Ok(Arc::new(()))
     };
+    let register = Passthrough {
+        register: &register,
+        only_if_shared: false,
+    };
     let user = Caller {
         uid: 4242,
         gid: 4343,
@@ -320,14 +324,14 @@ fn suid_writers_and_cached_inodes_are_not_passthrough() {
     };
     let mode = || std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
 
-    let w = fs.open(id, libc::O_WRONLY, user, Some(&register)).unwrap();
+    let w = fs.open(id, libc::O_WRONLY, user, Some(register)).unwrap();
     assert!(
         w.backing.is_none(),
         "an unprivileged suid writer is served by drainfs"
     );
     assert_eq!(mode(), 0o4755, "cleared on write, not at open");
     let r = fs
-        .open(id, libc::O_RDONLY, Caller::ROOT, Some(&register))
+        .open(id, libc::O_RDONLY, Caller::ROOT, Some(register))
         .unwrap();
     assert!(r.backing.is_none(), "next to a drainfs-served open");
     assert_eq!(registered.load(SeqCst), 0);
@@ -335,21 +339,58 @@ fn suid_writers_and_cached_inodes_are_not_passthrough() {
     fs.release(id, r.fh).unwrap();
 
     let r = fs
-        .open(id, libc::O_RDONLY, Caller::ROOT, Some(&register))
+        .open(id, libc::O_RDONLY, Caller::ROOT, Some(register))
         .unwrap();
     assert!(r.backing.is_some());
-    let w = fs.open(id, libc::O_WRONLY, user, Some(&register)).unwrap();
+    let w = fs.open(id, libc::O_WRONLY, user, Some(register)).unwrap();
     assert!(w.backing.is_some(), "next to a passthrough open");
     assert_eq!(mode(), 0o755, "cleared at open instead");
     assert_eq!(registered.load(SeqCst), 1, "one backing id shared");
     // Root writing needs neither.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let rw = fs
-        .open(id, libc::O_WRONLY, Caller::ROOT, Some(&register))
+        .open(id, libc::O_WRONLY, Caller::ROOT, Some(register))
         .unwrap();
     assert!(rw.backing.is_some());
     assert_eq!(mode(), 0o4755);
     for fh in [r.fh, w.fh, rw.fh] {
         fs.release(id, fh).unwrap();
     }
+}
+
+/// `--passthrough reads`: a writable open joins passthrough only when readers already hold the
+/// inode's backing id (the kernel requires it); alone it is served by drainfs.
+#[test]
+fn writers_join_passthrough_only_when_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let id = fs.lookup(ROOT_ID, OsStr::new("f")).unwrap().nodeid;
+    let register = |_: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(())) };
+    let join = Passthrough {
+        register: &register,
+        only_if_shared: true,
+    };
+    let plain = Passthrough {
+        register: &register,
+        only_if_shared: false,
+    };
+    let w = fs
+        .open(id, libc::O_WRONLY, Caller::ROOT, Some(join))
+        .unwrap();
+    assert!(w.backing.is_none(), "a lone writer is served by drainfs");
+    fs.release(id, w.fh).unwrap();
+    let r = fs
+        .open(id, libc::O_RDONLY, Caller::ROOT, Some(plain))
+        .unwrap();
+    assert!(r.backing.is_some());
+    let w = fs
+        .open(id, libc::O_WRONLY, Caller::ROOT, Some(join))
+        .unwrap();
+    assert!(
+        w.backing.is_some(),
+        "a writer next to passthrough readers joins them"
+    );
+    fs.release(id, w.fh).unwrap();
+    fs.release(id, r.fh).unwrap();
 }

@@ -17,6 +17,7 @@ pub use fuse_tests::harness::{MountOpts, Mounted};
 
 /// Generates a `#[test]` per passthrough mode for each generic test body `fn name(mode: &str)`:
 /// `name::always` runs it with `--passthrough always`, `name::never` with `--passthrough never`.
+#[allow(unused_macros)]
 macro_rules! both_modes {
     ($($name:ident),+ $(,)?) => {
         $(
@@ -29,6 +30,11 @@ macro_rules! both_modes {
                 #[test]
                 fn never() {
                     super::$name("never")
+                }
+
+                #[test]
+                fn reads() {
+                    super::$name("reads")
                 }
             }
         )+

@@ -1,0 +1,511 @@
+#!/usr/bin/env bash
+# drainfs demo: the main job on a built-in default, with no cloud account.
+#
+#   scripts/demo.sh                    with drainfs (the default)
+#   scripts/demo.sh --without-drainfs  the same workload on the bare FUSE client, stopped the way
+#                                      GKE's sidecar stops gcsfuse today
+#   scripts/demo.sh --compare          both, one after the other, and the difference
+#
+# Run as root on Debian with the Rust toolchain. It installs what it needs
+# (scripts/install-lowers.sh: fuse3, s3fs, rsync and a venv with rclone, fake-gcs-server, moto),
+# builds drainfs (release), starts fake-gcs-server on 127.0.0.1 and uses `rclone mount` over it
+# as the stand-in for gcsfuse: a Go FUSE client of the GCS JSON API that streams a file while it
+# is written and finalizes the object inside close(), like gcsfuse's streaming writes.
+#
+# A run: start the server (fresh bucket), start `drainfs run ... -- rclone mount ...` (or rclone
+# alone), run a short workload through the mount (a config file, a `cp -r` of a directory tree,
+# a CSV written by Python, a 24 MiB model, a 200 MiB checkpoint last), and stop everything at the
+# worst moment: while the application is inside close() of the checkpoint, i.e. while its upload
+# is being finalized. With drainfs the stop is the Kubernetes exit file (written atomically);
+# without it, it is what GKE's sidecar does to gcsfuse: SIGTERM, then SIGKILL 5 s later. Then
+# every object is read back from the server (not through a mount) and its sha256 compared with
+# the source. Everything the demo started is stopped on exit, and nothing is left mounted.
+#
+# Environment: DEMO_BIG_MIB (size of the last file, default 200), DEMO_KEEP=1 (keep the work
+# directory with logs and summaries), TMPDIR (where the work directory goes).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+LOWERS="$HERE/lowers.py"
+HELPER="$HERE/demo-helper.py"
+
+# rclone with --vfs-cache-mode off uploads per file handle, and with kernel passthrough the kernel
+# writes through a second handle of its own, which never gets a FLUSH (scripts/LOWERS-NOTES.md,
+# section 4). So drainfs serves reads and writes itself on this lower for now.
+GCS_PASSTHROUGH=never
+BIG_MIB="${DEMO_BIG_MIB:-200}"
+SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
+
+usage() {
+    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+MODE=with
+case "${1:-}" in
+    "") ;;
+    --without-drainfs) MODE=without ;;
+    --compare) MODE=compare ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { usage >&2; exit 2; }
+
+die() { echo "demo: error: $*" >&2; exit 1; }
+say() { printf '%s\n' "$*"; }
+now_ms() { date +%s%3N; }
+secs() { printf '%d.%02d s' $(($1 / 1000)) $((($1 % 1000) / 10)); }   # ms -> "1.23 s"
+
+[ "$(id -u)" = 0 ] || die "run as root (it installs packages and mounts FUSE filesystems)"
+[ "$(uname -s)" = Linux ] || die "Linux only"
+case "$(uname -m)" in
+    x86_64) CLOSE_NR=3 ;;
+    aarch64 | arm64) CLOSE_NR=57 ;;
+    *) die "unsupported architecture $(uname -m) (the close() detection knows x86_64 and aarch64)" ;;
+esac
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (https://rustup.rs)"
+
+# ---------------------------------------------------------------- process and mount helpers
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+    local st
+    st="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    st="${st##*) }"
+    case "${st:0:1}" in Z | X | "") return 1 ;; *) return 0 ;; esac
+}
+
+# mounted PATH: PATH is a mount point (per /proc/self/mountinfo).
+mounted() {
+    awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
+
+# detach PATH: remove whatever is mounted there (also a dead FUSE mount). Prints what it did.
+detach() {
+    local p="$1" n=0
+    while mounted "$p" && [ $n -lt 5 ]; do
+        fusermount3 -u -z "$p" 2>/dev/null || umount -l "$p" 2>/dev/null || true
+        n=$((n + 1))
+    done
+    ! mounted "$p"
+}
+
+# stop_pid PID SECONDS: SIGTERM, wait up to SECONDS, SIGKILL. Only for processes this script
+# started; it reaps them (they are its children).
+stop_pid() {
+    local pid="$1" t="$2" end
+    [ -n "$pid" ] || return 0
+    if alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        end=$(($(now_ms) + t * 1000))
+        while alive "$pid" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.05; done
+        alive "$pid" && kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+# wait_in_close PID PATH: returns once PID is inside close() of the fd it has open on PATH
+# (read from /proc/PID/fd and /proc/PID/syscall); returns 1 if PID exits first.
+wait_in_close() {
+    local pid="$1" path="$2" fd="" hexfd="" f nr a0 rest
+    while alive "$pid"; do
+        if [ -z "$fd" ]; then
+            for f in /proc/"$pid"/fd/*; do
+                if [ "$(readlink "$f" 2>/dev/null)" = "$path" ]; then
+                    fd="${f##*/}"
+                    hexfd="$(printf '0x%x' "$fd")"
+                fi
+            done
+        elif read -r nr a0 rest <"/proc/$pid/syscall" 2>/dev/null \
+            && [ "$nr" = "$CLOSE_NR" ] && [ "$a0" = "$hexfd" ]; then
+            return 0
+        fi
+        sleep 0.01
+    done
+    return 1
+}
+
+# ---------------------------------------------------------------- cleanup (always runs)
+
+WORK=""
+DF_PID=""      # drainfs
+RC_PID=""      # rclone started directly (run without drainfs)
+APP_PID=""     # the application's last cp
+RUN_DIRS=()    # lowers.py work dirs (their servers)
+MOUNTS=()      # every mountpoint this demo uses
+
+cleanup() {
+    local rc=$? m left=""
+    set +e
+    trap - EXIT INT TERM
+    [ -n "$APP_PID" ] && alive "$APP_PID" && kill -KILL "$APP_PID" 2>/dev/null
+    if [ -n "$DF_PID" ] && alive "$DF_PID"; then
+        # SIGTERM: drain and exit; a second SIGTERM: stop waiting.
+        kill -TERM "$DF_PID" 2>/dev/null
+        local end=$(($(now_ms) + 10000))
+        while alive "$DF_PID" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.05; done
+        alive "$DF_PID" && kill -TERM "$DF_PID" 2>/dev/null
+        stop_pid "$DF_PID" 5
+    fi
+    stop_pid "$RC_PID" 3
+    [ -n "$APP_PID" ] && wait "$APP_PID" 2>/dev/null
+    for m in "${MOUNTS[@]}"; do
+        if mounted "$m"; then
+            detach "$m" || left="$left $m"
+        fi
+    done
+    for d in "${RUN_DIRS[@]}"; do
+        python3 "$LOWERS" stop --workdir "$d" >/dev/null 2>&1
+    done
+    if [ -n "$WORK" ] && [ -d "$WORK" ]; then
+        if [ "${DEMO_KEEP:-0}" = 1 ]; then
+            say "kept the work directory (logs, summaries, sources): $WORK"
+        else
+            rm -rf "$WORK"
+        fi
+    fi
+    if [ -n "$left" ]; then
+        echo "demo: WARNING: could not unmount:$left" >&2
+        [ "$rc" = 0 ] && rc=1
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- set-up
+
+T_START=$(now_ms)
+say "drainfs demo: drainfs in front of a GCS FUSE client (rclone mount, the stand-in for gcsfuse)"
+say "over a local fake-gcs-server; a workload, a Kubernetes-style stop, every object checked."
+say ""
+
+step_start() { printf '%-62s' "$1 ..."; STEP_T=$(now_ms); }
+step_ok() { say "ok ($(secs $(($(now_ms) - STEP_T))))${1:+, $1}"; }
+
+if ! command -v python3 >/dev/null; then
+    step_start "installing python3 (apt-get)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
+    step_ok
+fi
+
+step_start "installing the lowers (scripts/install-lowers.sh)"
+INSTALL_LOG="$(mktemp "${TMPDIR:-/tmp}/drainfs-demo-install.XXXXXX")"
+if ! bash "$HERE/install-lowers.sh" >"$INSTALL_LOG" 2>&1; then
+    say "FAILED"
+    cat "$INSTALL_LOG" >&2
+    rm -f "$INSTALL_LOG"
+    die "scripts/install-lowers.sh failed (output above)"
+fi
+rm -f "$INSTALL_LOG"
+step_ok "fuse3, rclone, fake-gcs-server"
+
+step_start "building drainfs (cargo build --release)"
+BUILD_LOG="$(mktemp "${TMPDIR:-/tmp}/drainfs-demo-build.XXXXXX")"
+if ! (cd "$REPO" && cargo build --release --locked -p drainfs --bin drainfs) >"$BUILD_LOG" 2>&1; then
+    say "FAILED"
+    tail -n 40 "$BUILD_LOG" >&2
+    rm -f "$BUILD_LOG"
+    die "cargo build failed (output above)"
+fi
+rm -f "$BUILD_LOG"
+TARGET_DIR="$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+DRAINFS="$TARGET_DIR/release/drainfs"
+[ -x "$DRAINFS" ] || die "$DRAINFS not found after the build"
+step_ok
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/drainfs-demo.XXXXXX")"
+chmod 755 "$WORK"
+SRC="$WORK/src"
+step_start "generating the workload's input files"
+GEN_INFO="$(python3 "$HELPER" gen "$SRC" "$BIG_MIB")"
+step_ok "$GEN_INFO"
+BIG_REL="job/checkpoint-${BIG_MIB}MiB.bin"
+
+# ---------------------------------------------------------------- the workload
+
+# workload MNT LOG: everything but the last file, in the foreground; prints one line per step.
+# Only tools that write each file once, sequentially, through a fresh O_TRUNC open (what an
+# object store FUSE client supports: scripts/LOWERS-NOTES.md, section 7).
+workload() {
+    local mnt="$1" log="$2" t
+    mkdir -p "$mnt/job"
+    t=$(now_ms)
+    cat "$SRC/job/config.json" >"$mnt/job/config.json" 2>>"$log"
+    say "    shell redirect  > job/config.json                        $(secs $(($(now_ms) - t)))"
+    t=$(now_ms)
+    cp -r "$SRC/job/dataset" "$mnt/job/dataset" 2>>"$log"
+    say "    cp -r           job/dataset/ (10 files, 3 directories)   $(secs $(($(now_ms) - t)))"
+    t=$(now_ms)
+    python3 - "$SRC/job/metrics.csv" "$mnt/job/metrics.csv" 2>>"$log" <<'PY'
+import sys
+# Line by line through Python's buffered text I/O, as a training loop logs its metrics.
+with open(sys.argv[1]) as src, open(sys.argv[2], "w") as out:
+    for line in src:
+        out.write(line)
+PY
+    say "    python3 writes  job/metrics.csv (buffered, line by line) $(secs $(($(now_ms) - t)))"
+    t=$(now_ms)
+    cp "$SRC/job/model-24MiB.bin" "$mnt/job/model-24MiB.bin" 2>>"$log"
+    say "    cp              job/model-24MiB.bin                      $(secs $(($(now_ms) - t)))"
+}
+
+# start_last_upload MNT LOG: the last file, in the background (sets APP_PID, APP_T0).
+start_last_upload() {
+    APP_T0=$(now_ms)
+    cp "$SRC/$BIG_REL" "$1/$BIG_REL" 2>>"$2" &
+    APP_PID=$!
+}
+
+# reap_app: waits for the last cp; sets APP_RC.
+reap_app() {
+    APP_RC=0
+    wait "$APP_PID" 2>/dev/null || APP_RC=$?
+    APP_PID=""
+}
+
+# start_server DIR: a fresh fake-gcs-server (and bucket) for one run; sets PORT.
+start_server() {
+    local d="$1" info
+    mkdir -p "$d"
+    RUN_DIRS+=("$d")
+    info="$(python3 "$LOWERS" start-server gcs --workdir "$d")" || die "cannot start fake-gcs-server"
+    PORT="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["port"])' <<<"$info")"
+    say "  fake-gcs-server on 127.0.0.1:$PORT, bucket drainfs-test (empty)"
+}
+
+# rclone_argv DIR MOUNTPOINT: the FUSE client's argv (from lowers.py), into RCLONE_ARGV.
+rclone_argv() {
+    local json
+    json="$(python3 "$LOWERS" mount-cmd gcs --workdir "$1" --mountpoint "$2" --log "$1/rclone.log")"
+    mapfile -t RCLONE_ARGV < <(python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)))' <<<"$json")
+}
+
+show_cmd() {   # prints a command line, quoted where needed, wrapped for reading
+    local line="  \$" a
+    for a in "$@"; do
+        case "$a" in
+            *\"* | *\$* | *\`*) a="'${a//\'/\'\\\'\'}'" ;;
+            *[[:space:]\']*) a="\"$a\"" ;;
+        esac
+        if [ $((${#line} + ${#a})) -gt 96 ] && [ "$line" != "  \$" ]; then
+            say "$line \\"
+            line="      "
+        fi
+        line="$line $a"
+    done
+    say "$line"
+}
+
+# fetch_objects DIR OUT: every object in the run's bucket, with size and sha256, from the server.
+fetch_objects() {
+    python3 "$LOWERS" objects gcs --workdir "$1" >"$2" || die "cannot list the bucket"
+}
+
+# ---------------------------------------------------------------- run 1: with drainfs
+
+run_with_drainfs() {
+    local d="$WORK/with-drainfs" log t_ready t_trig t_app="" t_df="" df_rc end
+    say ""
+    say "=== Run: with drainfs ====================================================================="
+    start_server "$d"
+    local lower="$d/lower" mnt="$d/mnt" vol="$d/volumes"
+    mkdir -p "$lower" "$mnt" "$vol"
+    MOUNTS+=("$mnt" "$lower")
+    log="$d/app.log"
+    : >"$log"
+    rclone_argv "$d" "$lower"
+    local cmd=("$DRAINFS" run --lower "$lower" --mountpoint "$mnt" --passthrough "$GCS_PASSTHROUGH"
+        --exit-file "$vol/exit" --summary-file "$d/summary.json" --ready-file "$d/ready"
+        --grace-period 30s --lower-ready-timeout 30s -- "${RCLONE_ARGV[@]}")
+    say "  drainfs starts rclone (the gcsfuse stand-in) on LOWER, waits for its mount, then mounts"
+    say "  itself on MNT, where the application writes:"
+    show_cmd "${cmd[@]}"
+    t_ready=$(now_ms)
+    "${cmd[@]}" >"$d/drainfs.out" 2>"$d/drainfs.log" &
+    DF_PID=$!
+    end=$(($(now_ms) + 60000))
+    while [ ! -e "$d/ready" ]; do
+        alive "$DF_PID" || { tail -n 30 "$d/drainfs.log" >&2; die "drainfs exited before serving"; }
+        [ "$(now_ms)" -lt "$end" ] || { tail -n 30 "$d/drainfs.log" >&2; die "drainfs not ready after 60 s"; }
+        sleep 0.05
+    done
+    say "  drainfs is serving ($(secs $(($(now_ms) - t_ready))) after start; it wrote its --ready-file)"
+    say "  the application's workload through MNT:"
+    workload "$mnt" "$log"
+    start_last_upload "$mnt" "$log"
+    say "    cp              $BIG_REL (the last upload) ..."
+    if wait_in_close "$APP_PID" "$mnt/$BIG_REL"; then
+        say "    ... cp is now inside close() of it (the upload is being finalized): STOP"
+    else
+        say "    ... cp finished before it was seen inside close(): stopping now"
+    fi
+    # Kubernetes signals the end of the workload with an exit file, written atomically.
+    : >"$vol/exit.tmp"
+    mv -f "$vol/exit.tmp" "$vol/exit"
+    t_trig=$(now_ms)
+    say "  trigger: exit file $vol/exit written (temp file + rename)"
+    end=$((t_trig + 60000))
+    while [ -z "$t_app" ] || [ -z "$t_df" ]; do
+        [ -z "$t_app" ] && ! alive "$APP_PID" && t_app=$(now_ms)
+        [ -z "$t_df" ] && ! alive "$DF_PID" && t_df=$(now_ms)
+        [ "$(now_ms)" -lt "$end" ] || break
+        sleep 0.01
+    done
+    reap_app
+    df_rc=0
+    if [ -n "$t_df" ]; then
+        wait "$DF_PID" || df_rc=$?
+        DF_PID=""
+    else
+        say "  drainfs did not exit within 60 s of the trigger (stopping it)"
+        df_rc="(still running)"
+    fi
+    if [ "$APP_RC" = 0 ]; then
+        say "  application: cp returned 0; its close() came back $(secs $((t_app - t_trig))) after the trigger"
+    else
+        say "  application: cp FAILED (exit $APP_RC): $(tail -n 2 "$log" | tr '\n' ' ')"
+    fi
+    case "$df_rc" in
+        0) say "  drainfs exited 0 (clean: everything drained and uploaded, rclone stopped cleanly)" ;;
+        75) say "  drainfs exited 75 (deadline forced or a flush failed: data may be incomplete)" ;;
+        69) say "  drainfs exited 69 (the lower failed or died)" ;;
+        *) say "  drainfs exited $df_rc" ;;
+    esac
+    if [ -n "$t_df" ]; then
+        say "  time from trigger to drainfs exit: $(secs $((t_df - t_trig))) (measured by this script)"
+    fi
+    if [ -s "$d/summary.json" ]; then
+        python3 "$HELPER" summary "$d/summary.json"
+    else
+        say "  (no summary file was written)"
+    fi
+    if mounted "$mnt" || mounted "$lower"; then
+        say "  left mounted: $(mounted "$mnt" && echo MNT) $(mounted "$lower" && echo LOWER) (cleaning up)"
+        detach "$mnt"; detach "$lower"
+    else
+        say "  left mounted: nothing (neither drainfs's mount nor rclone's)"
+    fi
+    fetch_objects "$d" "$WORK/objects-with.json"
+    python3 "$LOWERS" stop --workdir "$d" >/dev/null
+    WITH_TRIGGER_TO_EXIT="-"
+    [ -z "$t_df" ] || WITH_TRIGGER_TO_EXIT="$(secs $((t_df - t_trig)))"
+    WITH_RC=$df_rc
+}
+
+# ---------------------------------------------------------------- run 2: without drainfs
+
+run_without_drainfs() {
+    local d="$WORK/without-drainfs" log t0 t_trig t_gone="" killed=no rc_rc end state
+    say ""
+    say "=== Run: without drainfs (how GKE's sidecar stops gcsfuse today) ==========================="
+    start_server "$d"
+    local mnt="$d/mnt"
+    mkdir -p "$mnt"
+    MOUNTS+=("$mnt")
+    log="$d/app.log"
+    : >"$log"
+    rclone_argv "$d" "$mnt"
+    say "  rclone (the gcsfuse stand-in) mounts the bucket on MNT; the application writes there:"
+    show_cmd "${RCLONE_ARGV[@]}"
+    t0=$(now_ms)
+    "${RCLONE_ARGV[@]}" </dev/null >"$d/rclone.out" 2>&1 &
+    RC_PID=$!
+    python3 "$LOWERS" wait-mount --mountpoint "$mnt" --fstype fuse.rclone --timeout 30 >/dev/null \
+        || { tail -n 20 "$d/rclone.log" >&2; die "rclone did not mount"; }
+    say "  rclone is mounted ($(secs $(($(now_ms) - t0))) after start)"
+    say "  the application's workload through MNT (identical):"
+    workload "$mnt" "$log"
+    start_last_upload "$mnt" "$log"
+    say "    cp              $BIG_REL (the last upload) ..."
+    if wait_in_close "$APP_PID" "$mnt/$BIG_REL"; then
+        say "    ... cp is now inside close() of it (the upload is being finalized): STOP"
+    else
+        say "    ... cp finished before it was seen inside close(): stopping now"
+    fi
+    # What the GKE sidecar does once it decides the workload is over: SIGTERM, SIGKILL 5 s later.
+    kill -TERM "$RC_PID"
+    t_trig=$(now_ms)
+    say "  trigger: SIGTERM to rclone; SIGKILL follows in ${SIDECAR_KILL_AFTER_S} s if it is still running"
+    end=$((t_trig + SIDECAR_KILL_AFTER_S * 1000))
+    while alive "$RC_PID" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.01; done
+    if alive "$RC_PID"; then
+        kill -KILL "$RC_PID"
+        killed=yes
+    fi
+    t_gone=$(now_ms)
+    rc_rc=0
+    wait "$RC_PID" 2>/dev/null || rc_rc=$?
+    RC_PID=""
+    if [ "$killed" = yes ]; then
+        say "  rclone was still running after ${SIDECAR_KILL_AFTER_S} s: SIGKILLed (exit $rc_rc)"
+    else
+        say "  rclone exited by itself $(secs $((t_gone - t_trig))) after SIGTERM, with status $rc_rc" \
+            "(its exit status says nothing about uploads)"
+    fi
+    end=$(($(now_ms) + 30000))
+    while alive "$APP_PID" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.05; done
+    reap_app
+    if [ "$APP_RC" = 0 ]; then
+        say "  application: cp returned 0"
+    else
+        say "  application: cp FAILED (exit $APP_RC): $(grep -v '^$' "$log" | tail -n 1)"
+    fi
+    if mounted "$mnt"; then
+        state="$(ls "$mnt" 2>&1 >/dev/null | tail -n 1)"
+        if [ -n "$state" ]; then
+            say "  MNT is still mounted but dead: $state"
+        else
+            say "  MNT is still mounted"
+        fi
+        detach "$mnt" && say "  (removed it with fusermount3 -uz / umount -l)"
+    else
+        say "  MNT: rclone unmounted itself (no dead mount this time)"
+    fi
+    # Give a cancelled upload a moment to settle on the server before reading the bucket.
+    sleep 1
+    fetch_objects "$d" "$WORK/objects-without.json"
+    python3 "$LOWERS" stop --workdir "$d" >/dev/null
+    WITHOUT_RCLONE="exit $rc_rc"
+    [ "$killed" = no ] || WITHOUT_RCLONE="$WITHOUT_RCLONE, SIGKILLed"
+    WITHOUT_APP_RC=$APP_RC
+}
+
+# ---------------------------------------------------------------- go
+
+say ""
+say "The stop arrives at the same moment in every run: while the application is inside close()"
+say "of its last file ($BIG_REL), whose upload is being finalized."
+
+case "$MODE" in
+    with) run_with_drainfs ;;
+    without) run_without_drainfs ;;
+    compare) run_with_drainfs; run_without_drainfs ;;
+esac
+
+say ""
+say "=== Objects in the bucket, read back from fake-gcs-server and compared with the source (sha256)"
+say ""
+TABLE_ARGS=()
+[ "$MODE" != without ] && TABLE_ARGS+=("with drainfs=$WORK/objects-with.json")
+[ "$MODE" != with ] && TABLE_ARGS+=("without drainfs=$WORK/objects-without.json")
+python3 "$HELPER" table "$SRC/expected.json" "${TABLE_ARGS[@]}"
+say ""
+if [ "$MODE" != without ]; then
+    say "with drainfs:    drainfs exit code $WITH_RC, trigger to exit $WITH_TRIGGER_TO_EXIT"
+fi
+if [ "$MODE" != with ]; then
+    say "without drainfs: rclone $WITHOUT_RCLONE, the application's last cp exited $WITHOUT_APP_RC"
+fi
+if [ "$MODE" = with ]; then
+    say "(scripts/demo.sh --compare also runs the same workload without drainfs, stopped as GKE does)"
+fi
+say ""
+say "cleaning up: stopping every process this demo started, unmounting, removing $WORK"
+say "demo took $(secs $(($(now_ms) - T_START)))"
