@@ -33,7 +33,7 @@ HELPER="$HERE/demo-helper.py"
 # rclone with --vfs-cache-mode off uploads per file handle, and with kernel passthrough the kernel
 # writes through a second handle of its own, which never gets a FLUSH (scripts/LOWERS-NOTES.md,
 # section 4). So drainfs serves reads and writes itself on this lower for now.
-GCS_PASSTHROUGH=never
+GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-never}"
 BIG_MIB="${DEMO_BIG_MIB:-200}"
 SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
 
@@ -458,7 +458,7 @@ run_without_drainfs() {
         say "  application: cp FAILED (exit $APP_RC): $(grep -v '^$' "$log" | tail -n 1)"
     fi
     if mounted "$mnt"; then
-        state="$(ls "$mnt" 2>&1 >/dev/null | tail -n 1)"
+        state="$(ls "$mnt" 2>&1 >/dev/null | tail -n 1 || true)"
         if [ -n "$state" ]; then
             say "  MNT is still mounted but dead: $state"
         else

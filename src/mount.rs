@@ -120,7 +120,18 @@ pub struct Preflight(pub String);
 ///
 /// # Errors
 /// The first failed check, as one line naming the path and the fix.
-pub fn preflight(lower: &Path, mountpoint: &Path) -> Result<(PathBuf, PathBuf), Preflight> {
+pub fn preflight(
+    lower: &Path,
+    mountpoint: &Path,
+    spawns_lower: bool,
+) -> Result<(PathBuf, PathBuf), Preflight> {
+    // A dead FUSE mount left by a killed predecessor (a restarted sidecar cannot count on init
+    // containers to run `drainfs cleanup` again) is repaired at the mountpoint, and at the
+    // lower when drainfs is about to mount the lower itself.
+    repair_if_dead(mountpoint, "--mountpoint");
+    if spawns_lower {
+        repair_if_dead(lower, "--lower");
+    }
     let lower_abs = match std::fs::metadata(lower) {
         Ok(m) if m.is_dir() => absolute(lower),
         Ok(_) => {
@@ -219,6 +230,22 @@ pub fn preflight(lower: &Path, mountpoint: &Path) -> Result<(PathBuf, PathBuf), 
         ));
     }
     Ok((lower_abs, mp_abs))
+}
+
+/// Aborts and detaches a dead FUSE mount at `path` (peeling stacked ones), logging what it did.
+pub fn repair_if_dead(path: &Path, what: &str) {
+    let abs = absolute(path);
+    for _ in 0..8 {
+        if !is_dead(&abs) || mount_at(&abs).is_none() {
+            return;
+        }
+        tracing::warn!(path = %abs.display(), "{what} is a dead FUSE mount left by a killed process: detaching it");
+        abort_fuse_connection(&abs);
+        if let Err(e) = unmount(&abs, true, Duration::from_secs(5)) {
+            tracing::error!(path = %abs.display(), error = %e, "cannot detach the dead mount");
+            return;
+        }
+    }
 }
 
 /// The first `name` on PATH that is an executable file.
@@ -366,7 +393,7 @@ mod tests {
         std::fs::create_dir(lower.join("inner")).unwrap();
         std::fs::create_dir(&mp).unwrap();
         for (l, m, want) in cases {
-            let err = preflight(&l, &m).unwrap_err().0;
+            let err = preflight(&l, &m, false).unwrap_err().0;
             assert!(err.contains(want), "{l:?} {m:?}: {err}");
         }
         assert!(

@@ -23,7 +23,11 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         }
         return 0;
     }
-    match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint) {
+    let spawns = matches!(
+        cfg.lifecycle.lower_process,
+        crate::config::LowerProcess::Spawn { .. }
+    );
+    match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint, spawns) {
         Ok((lower, mp)) => {
             cfg.fs.lower = lower;
             cfg.fs.mountpoint = mp;

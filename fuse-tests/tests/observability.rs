@@ -489,3 +489,28 @@ fn json_logs_are_one_object_per_line() {
     }
     assert!(transitions >= 4, "every transition is logged");
 }
+
+#[test]
+fn run_repairs_a_dead_mount_at_its_own_mountpoint() {
+    let mut m = Mounted::new("auto");
+    m.proc.signal(Signal::SIGKILL);
+    m.proc.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        std::fs::metadata(&m.mnt).unwrap_err().raw_os_error(),
+        Some(libc::ENOTCONN)
+    );
+    // A restarted sidecar: same paths, the dead mount still there.
+    let (dir, lower, mnt) = (tempfile::tempdir().unwrap(), m.lower.clone(), m.mnt.clone());
+    let mut again = Mounted::start_in(dir, lower, mnt, MountOpts::default());
+    assert!(
+        again
+            .proc
+            .stderr_contains("dead FUSE mount left by a killed process")
+    );
+    std::fs::write(again.path("after-restart"), b"ok").unwrap();
+    assert_eq!(
+        std::fs::read(again.lower_path("after-restart")).unwrap(),
+        b"ok"
+    );
+    assert_eq!(again.stop(Duration::from_secs(20)).code(), Some(0));
+}
