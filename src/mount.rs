@@ -397,7 +397,7 @@ mod tests {
             assert!(err.contains(want), "{l:?} {m:?}: {err}");
         }
         assert!(
-            preflight(&d.path().join("lower"), Path::new("/proc"))
+            preflight(&d.path().join("lower"), Path::new("/proc"), false)
                 .unwrap_err()
                 .0
                 .contains("already a mount")
