@@ -157,13 +157,14 @@ def table(expected_path: str, runs: list[str]) -> int:
     cols = [max(len(label), 16) for label, _ in labelled]
     head = f"{'object':<{kw}}  {'size':>10}  " + "  ".join(
         f"{label:<{w}}" for (label, _), w in zip(labelled, cols))
-    print(head)
-    print("-" * len(head))
+    print(head.rstrip())
+    print("-" * len(head.rstrip()))
     for k in keys:
         row = f"{k:<{kw}}  {human(expected[k]['size']):>10}  "
         row += "  ".join(f"{verdict(expected[k], objs.get(k)):<{w}}"
                          for (_, objs), w in zip(labelled, cols))
         print(row.rstrip())
+    print("(ok: the object is in the bucket, with the source's size and sha256)")
     print()
     bad_runs = 0
     for label, objs in labelled:

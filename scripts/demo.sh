@@ -270,6 +270,15 @@ reap_app() {
     APP_PID=""
 }
 
+# app_result LOG: what the last cp's close() returned, into APP_RESULT.
+app_result() {
+    if [ "$APP_RC" = 0 ]; then
+        APP_RESULT="cp exited 0: its close() returned once the upload was complete"
+    else
+        APP_RESULT="cp FAILED (exit $APP_RC): $(grep -v '^$' "$1" | tail -n 1)"
+    fi
+}
+
 # start_server DIR: a fresh fake-gcs-server (and bucket) for one run; sets PORT.
 start_server() {
     local d="$1" info
@@ -327,6 +336,10 @@ run_with_drainfs() {
     say "  drainfs starts rclone (the gcsfuse stand-in) on LOWER, waits for its mount, then mounts"
     say "  itself on MNT, where the application writes:"
     show_cmd "${cmd[@]}"
+    if [ "$GCS_PASSTHROUGH" = never ]; then
+        say "  (--passthrough never: rclone uploads per file handle, so drainfs serves the writes itself;"
+        say "   scripts/LOWERS-NOTES.md, section 4)"
+    fi
     t_ready=$(now_ms)
     "${cmd[@]}" >"$d/drainfs.out" 2>"$d/drainfs.log" &
     DF_PID=$!
@@ -367,11 +380,12 @@ run_with_drainfs() {
         say "  drainfs did not exit within 60 s of the trigger (stopping it)"
         df_rc="(still running)"
     fi
+    app_result "$log"
     if [ "$APP_RC" = 0 ]; then
-        say "  application: cp returned 0; its close() came back $(secs $((t_app - t_trig))) after the trigger"
-    else
-        say "  application: cp FAILED (exit $APP_RC): $(tail -n 2 "$log" | tr '\n' ' ')"
+        APP_RESULT="$APP_RESULT, $(secs $((t_app - t_trig))) after the trigger"
     fi
+    say "  application: $APP_RESULT"
+    WITH_APP="$APP_RESULT"
     case "$df_rc" in
         0) say "  drainfs exited 0 (clean: everything drained and uploaded, rclone stopped cleanly)" ;;
         75) say "  drainfs exited 75 (deadline forced or a flush failed: data may be incomplete)" ;;
@@ -388,6 +402,7 @@ run_with_drainfs() {
     fi
     if mounted "$mnt" || mounted "$lower"; then
         say "  left mounted: $(mounted "$mnt" && echo MNT) $(mounted "$lower" && echo LOWER) (cleaning up)"
+        LEFT_MOUNTED=yes
         detach "$mnt"; detach "$lower"
     else
         say "  left mounted: nothing (neither drainfs's mount nor rclone's)"
@@ -397,6 +412,8 @@ run_with_drainfs() {
     WITH_TRIGGER_TO_EXIT="-"
     [ -z "$t_df" ] || WITH_TRIGGER_TO_EXIT="$(secs $((t_df - t_trig)))"
     WITH_RC=$df_rc
+    WITH_MOUNT="nothing left mounted"
+    [ "${LEFT_MOUNTED:-no}" = no ] || WITH_MOUNT="MOUNTS LEFT BEHIND (removed by the demo)"
 }
 
 # ---------------------------------------------------------------- run 2: without drainfs
@@ -452,11 +469,9 @@ run_without_drainfs() {
     end=$(($(now_ms) + 30000))
     while alive "$APP_PID" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.05; done
     reap_app
-    if [ "$APP_RC" = 0 ]; then
-        say "  application: cp returned 0"
-    else
-        say "  application: cp FAILED (exit $APP_RC): $(grep -v '^$' "$log" | tail -n 1)"
-    fi
+    app_result "$log"
+    say "  application: $APP_RESULT"
+    WITHOUT_APP="$APP_RESULT"
     if mounted "$mnt"; then
         state="$(ls "$mnt" 2>&1 >/dev/null | tail -n 1 || true)"
         if [ -n "$state" ]; then
@@ -465,16 +480,18 @@ run_without_drainfs() {
             say "  MNT is still mounted"
         fi
         detach "$mnt" && say "  (removed it with fusermount3 -uz / umount -l)"
+        WITHOUT_MOUNT="left a dead mount behind (Transport endpoint is not connected)"
+        [ -n "$state" ] || WITHOUT_MOUNT="left its mount behind"
     else
         say "  MNT: rclone unmounted itself (no dead mount this time)"
+        WITHOUT_MOUNT="unmounted itself"
     fi
     # Give a cancelled upload a moment to settle on the server before reading the bucket.
     sleep 1
     fetch_objects "$d" "$WORK/objects-without.json"
     python3 "$LOWERS" stop --workdir "$d" >/dev/null
-    WITHOUT_RCLONE="exit $rc_rc"
-    [ "$killed" = no ] || WITHOUT_RCLONE="$WITHOUT_RCLONE, SIGKILLed"
-    WITHOUT_APP_RC=$APP_RC
+    WITHOUT_RCLONE="exited $rc_rc $(secs $((t_gone - t_trig))) after SIGTERM"
+    [ "$killed" = no ] || WITHOUT_RCLONE="was SIGKILLed ${SIDECAR_KILL_AFTER_S} s after SIGTERM"
 }
 
 # ---------------------------------------------------------------- go
@@ -497,11 +514,14 @@ TABLE_ARGS=()
 [ "$MODE" != with ] && TABLE_ARGS+=("without drainfs=$WORK/objects-without.json")
 python3 "$HELPER" table "$SRC/expected.json" "${TABLE_ARGS[@]}"
 say ""
+say "In short:"
 if [ "$MODE" != without ]; then
-    say "with drainfs:    drainfs exit code $WITH_RC, trigger to exit $WITH_TRIGGER_TO_EXIT"
+    say "  with drainfs:    $WITH_APP;"
+    say "                   drainfs exited $WITH_RC, $WITH_TRIGGER_TO_EXIT after the trigger; $WITH_MOUNT"
 fi
 if [ "$MODE" != with ]; then
-    say "without drainfs: rclone $WITHOUT_RCLONE, the application's last cp exited $WITHOUT_APP_RC"
+    say "  without drainfs: $WITHOUT_APP;"
+    say "                   rclone $WITHOUT_RCLONE and $WITHOUT_MOUNT"
 fi
 if [ "$MODE" = with ]; then
     say "(scripts/demo.sh --compare also runs the same workload without drainfs, stopped as GKE does)"

@@ -23,6 +23,11 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 2
 fi
 
+# FUSE mounts present before the run (anything else running on this machine), so that the
+# final check only blames mounts this run left behind.
+fuse_mounts() { awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | sort; }
+mounts_before=$(fuse_mounts)
+
 step "real lowers (rclone + fake-gcs-server, s3fs + moto)"
 bash scripts/install-lowers.sh
 
@@ -48,7 +53,7 @@ DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
 step "benchmark harness, smoke mode"
 bash fuse-tests/bench/run.sh --smoke
 
-leftover=$(awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | grep -E 'drainfs|bench' || true)
+leftover=$(comm -13 <(echo "$mounts_before") <(fuse_mounts))
 if [[ -n "$leftover" ]]; then
   echo "mounts left behind by the tests:" >&2
   echo "$leftover" >&2
