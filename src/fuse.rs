@@ -596,7 +596,7 @@ impl Filesystem for DrainFs {
         let res = self
             .core
             .readdir(ino.0, fh.0, offset as i64, |d_ino, off, typ, name| {
-                let ino = self.core.known_nodeid(dev, d_ino).unwrap_or(d_ino);
+                let ino = self.core.dirent_nodeid(dev, d_ino);
                 !reply.add(
                     INodeNo(ino),
                     off as u64,

@@ -3,3 +3,4 @@
 
 pub mod bucket;
 pub mod harness;
+pub mod lowers;

@@ -34,6 +34,9 @@ use crate::error::{Error, Kind, Result};
 pub use sys::Caller;
 use sys::Stat;
 
+/// How many READDIR-reserved nodeids are remembered (about 64 bytes each).
+const RESERVED_NODEIDS: usize = 65_536;
+
 /// The root's nodeid (FUSE_ROOT_ID).
 pub const ROOT_ID: u64 = 1;
 
@@ -264,6 +267,8 @@ pub struct Fs {
     next_fh: AtomicU64,
     fd_cache: Mutex<lru::LruCache<u64, Arc<OwnedFd>>>,
     failed_flushes: Mutex<Vec<String>>,
+    /// Nodeids handed out as READDIR `d_ino` before any LOOKUP (see [`Fs::dirent_nodeid`]).
+    reserved: Mutex<lru::LruCache<InodeKey, u64>>,
     /// Counters shared with the lifecycle and metrics.
     pub acct: Arc<Accounting>,
     /// Shutdown gate shared with the lifecycle.
@@ -382,6 +387,9 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             fd_cache: Mutex::new(lru::LruCache::new(cap)),
             failed_flushes: Mutex::new(Vec::new()),
+            reserved: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(RESERVED_NODEIDS).expect("non-zero"),
+            )),
             acct,
             admission,
         })
@@ -523,7 +531,8 @@ impl Fs {
                 st: *st,
             };
         }
-        let nodeid = self.next_nodeid.fetch_add(1, Relaxed);
+        let reserved = self.reserved.lock().pop(&key);
+        let nodeid = reserved.unwrap_or_else(|| self.next_nodeid.fetch_add(1, Relaxed));
         let inode = Arc::new(Inode {
             nodeid,
             key,
@@ -1204,13 +1213,23 @@ impl Fs {
         Ok(self.remember(&h.inode, &name, &st))
     }
 
-    /// The nodeid already assigned to a lower inode, if the kernel knows it.
-    pub fn known_nodeid(&self, dev: u64, ino: u64) -> Option<u64> {
-        self.inodes
-            .read()
-            .by_key
-            .get(&InodeKey { dev, ino })
-            .copied()
+    /// The nodeid a READDIR entry should carry as `d_ino`, so that it equals the `st_ino` a
+    /// later stat reports: the inode's nodeid if known, else a nodeid reserved now (in a
+    /// bounded map; LOOKUP takes the reservation). Reporting the lower's own inode number
+    /// instead would disagree with `st_ino` and could collide with another file's nodeid
+    /// (gcsfuse's inode numbers are a counter, as nodeids are).
+    pub fn dirent_nodeid(&self, dev: u64, ino: u64) -> u64 {
+        let key = InodeKey { dev, ino };
+        if let Some(id) = self.inodes.read().by_key.get(&key) {
+            return *id;
+        }
+        let mut reserved = self.reserved.lock();
+        if let Some(id) = reserved.get(&key) {
+            return *id;
+        }
+        let id = self.next_nodeid.fetch_add(1, Relaxed);
+        reserved.push(key, id);
+        id
     }
 
     /// The lower's `st_dev` of the root (directory entries are on it unless they are mounts).

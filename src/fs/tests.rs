@@ -394,3 +394,26 @@ fn writers_join_passthrough_only_when_shared() {
     fs.release(id, w.fh).unwrap();
     fs.release(id, r.fh).unwrap();
 }
+
+/// READDIR's `d_ino` for an entry nobody looked up yet is the nodeid a later LOOKUP returns.
+#[test]
+fn dirent_nodeids_match_later_lookups() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        std::fs::write(dir.path().join(format!("f{i}")), b"").unwrap();
+    }
+    let fs = fs_on(dir.path(), 64);
+    let mut seen = Vec::new();
+    for i in 0..10 {
+        let st = std::fs::symlink_metadata(dir.path().join(format!("f{i}"))).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        seen.push((format!("f{i}"), fs.dirent_nodeid(st.dev(), st.ino())));
+    }
+    for (name, d_ino) in seen {
+        assert_eq!(
+            fs.lookup(ROOT_ID, OsStr::new(&name)).unwrap().nodeid,
+            d_ino,
+            "{name}"
+        );
+    }
+}
