@@ -598,3 +598,73 @@ fn scopeguard(path: &Path) -> impl Drop + use<> {
     }
     G(path.to_path_buf())
 }
+
+/// Issue #3 item 7: no thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
+/// blocked everywhere and taken with sigwait), so a thread blocked in a lower FLUSH is never
+/// interrupted (which would make the kernel send gcsfuse a FUSE INTERRUPT). Signals sent during
+/// a slow upload change nothing.
+#[test]
+fn signals_never_reach_threads_doing_lower_io() {
+    let mut s = stack(&["--passthrough", "never"], &["--upload-delay", "2s"], true);
+    let pid = s.m.proc.pid();
+    let path = s.m.path("slow.bin");
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        drop(f);
+    });
+    assert!(wait_until(Duration::from_secs(10), || s
+        .events()
+        .iter()
+        .any(|e| e.is("upload_start", "slow.bin"))));
+    let must_block: u64 = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]
+        .iter()
+        .map(|s| 1u64 << (s - 1))
+        .sum();
+    let mut threads = 0;
+    let mut waiter = false;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "drainfs-signals" {
+            // The one thread that takes them, in sigwait (which unblocks the waited set for
+            // its duration); it never touches the lower.
+            waiter = true;
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let Some(blk) = status.lines().find_map(|l| l.strip_prefix("SigBlk:")) else {
+            continue;
+        };
+        let blk = u64::from_str_radix(blk.trim(), 16).unwrap();
+        assert_eq!(
+            blk & must_block,
+            must_block,
+            "thread {:?} can take signals: SigBlk {blk:x}",
+            task.file_name()
+        );
+        threads += 1;
+    }
+    assert!(waiter, "no drainfs-signals thread");
+    assert!(
+        threads >= 8,
+        "expected the FUSE workers among {threads} threads"
+    );
+    for _ in 0..5 {
+        s.m.proc.signal(Signal::SIGHUP);
+        s.m.proc.signal(Signal::SIGUSR1);
+    }
+    writer.join().unwrap();
+    assert!(
+        s.m.proc.wait_timeout(Duration::ZERO).is_none(),
+        "SIGHUP/SIGUSR1 must not stop drainfs"
+    );
+    assert_eq!(
+        std::fs::read(s.bucket.join("slow.bin")).unwrap().len(),
+        1 << 20
+    );
+    s.m.proc.signal(Signal::SIGTERM);
+    assert_eq!(s.wait_exit(Duration::from_secs(20)), 0);
+}
