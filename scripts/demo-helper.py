@@ -125,7 +125,10 @@ def summary(path: str) -> None:
     c = s.get("counts") or {}
     print(f"  counts: {c.get('opened_write', 0)} files written, {c.get('lower_flushes', 0)} lower "
           f"flushes (uploads inside close()), {c.get('lower_flush_errors', 0)} failed, "
-          f"{human(c.get('bytes_written', 0))} written, lower: {s.get('lower_exit')}")
+          f"{human(c.get('bytes_written', 0))} written")
+    lower = s.get("lower_exit")
+    print(f"  rclone: {lower}" + (" (128 + SIGINT: rclone's normal exit after the SIGINT "
+                                  "drainfs sent it)" if lower == "exit 130" else ""))
     print("  full summary:")
     for k, v in s.items():
         print(f"    {k}: {json.dumps(v)}")

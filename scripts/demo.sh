@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # drainfs demo: the main job on a built-in default, with no cloud account.
 #
-#   scripts/demo.sh                    with drainfs (the default)
+#   scripts/demo.sh                    both runs below, one after the other, and the difference
+#   scripts/demo.sh --with-drainfs     with drainfs only
 #   scripts/demo.sh --without-drainfs  the same workload on the bare FUSE client, stopped the way
 #                                      GKE's sidecar stops gcsfuse today
-#   scripts/demo.sh --compare          both, one after the other, and the difference
 #
 # Run as root on Debian with the Rust toolchain. It installs what it needs
 # (scripts/install-lowers.sh: fuse3, s3fs, rsync and a venv with rclone, fake-gcs-server, moto),
@@ -32,8 +32,9 @@ HELPER="$HERE/demo-helper.py"
 
 # rclone with --vfs-cache-mode off uploads per file handle, and with kernel passthrough the kernel
 # writes through a second handle of its own, which never gets a FLUSH (scripts/LOWERS-NOTES.md,
-# section 4). So drainfs serves reads and writes itself on this lower for now.
-GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-never}"
+# section 4). So drainfs runs with `--passthrough reads` on this lower: kernel passthrough for
+# read-only opens, writes served by drainfs.
+GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-reads}"
 BIG_MIB="${DEMO_BIG_MIB:-200}"
 SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
 
@@ -41,11 +42,11 @@ usage() {
     sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
-MODE=with
+MODE=compare
 case "${1:-}" in
-    "") ;;
+    "" | --compare) ;;
+    --with-drainfs) MODE=with ;;
     --without-drainfs) MODE=without ;;
-    --compare) MODE=compare ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
 esac
@@ -83,7 +84,7 @@ mounted() {
     awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
 }
 
-# detach PATH: remove whatever is mounted there (also a dead FUSE mount). Prints what it did.
+# detach PATH: remove whatever is mounted there (also a dead FUSE mount); fails if it cannot.
 detach() {
     local p="$1" n=0
     while mounted "$p" && [ $n -lt 5 ]; do
@@ -187,10 +188,13 @@ say ""
 step_start() { printf '%-62s' "$1 ..."; STEP_T=$(now_ms); }
 step_ok() { say "ok ($(secs $(($(now_ms) - STEP_T))))${1:+, $1}"; }
 
-if ! command -v python3 >/dev/null; then
-    step_start "installing python3 (apt-get)"
+NEED_APT=()
+command -v python3 >/dev/null || NEED_APT+=(python3)
+command -v cc >/dev/null || NEED_APT+=(gcc libc6-dev)   # the linker cargo needs
+if ((${#NEED_APT[@]})); then
+    step_start "installing ${NEED_APT[*]} (apt-get)"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${NEED_APT[@]}" >/dev/null
     step_ok
 fi
 
@@ -230,35 +234,47 @@ BIG_REL="job/checkpoint-${BIG_MIB}MiB.bin"
 
 # ---------------------------------------------------------------- the workload
 
-# workload MNT LOG: everything but the last file, in the foreground; prints one line per step.
-# Only tools that write each file once, sequentially, through a fresh O_TRUNC open (what an
-# object store FUSE client supports: scripts/LOWERS-NOTES.md, section 7).
-workload() {
-    local mnt="$1" log="$2" t
-    mkdir -p "$mnt/job"
-    t=$(now_ms)
-    cat "$SRC/job/config.json" >"$mnt/job/config.json" 2>>"$log"
-    say "    shell redirect  > job/config.json                        $(secs $(($(now_ms) - t)))"
-    t=$(now_ms)
-    cp -r "$SRC/job/dataset" "$mnt/job/dataset" 2>>"$log"
-    say "    cp -r           job/dataset/ (10 files, 3 directories)   $(secs $(($(now_ms) - t)))"
-    t=$(now_ms)
-    python3 - "$SRC/job/metrics.csv" "$mnt/job/metrics.csv" 2>>"$log" <<'PY'
+# A Python script that writes a file line by line through buffered text I/O, as a training
+# loop logs its metrics.
+PY_WRITER='
 import sys
-# Line by line through Python's buffered text I/O, as a training loop logs its metrics.
 with open(sys.argv[1]) as src, open(sys.argv[2], "w") as out:
     for line in src:
         out.write(line)
-PY
-    say "    python3 writes  job/metrics.csv (buffered, line by line) $(secs $(($(now_ms) - t)))"
+'
+
+# wl_step LOG LABEL CMD...: one workload step, timed. A failure is reported, not fatal.
+wl_step() {
+    local log="$1" label="$2" t rc=0
+    shift 2
     t=$(now_ms)
-    cp "$SRC/job/model-24MiB.bin" "$mnt/job/model-24MiB.bin" 2>>"$log"
-    say "    cp              job/model-24MiB.bin                      $(secs $(($(now_ms) - t)))"
+    "$@" 2>>"$log" || rc=$?
+    if [ "$rc" = 0 ]; then
+        printf '    %-58s %s\n' "$label" "$(secs $(($(now_ms) - t)))"
+    else
+        printf '    %-58s FAILED (exit %s): %s\n' "$label" "$rc" "$(tail -n 1 "$log")"
+    fi
 }
 
-# start_last_upload MNT LOG: the last file, in the background (sets APP_PID, APP_T0).
+# workload MNT LOG: everything but the last file, one step after the other. Only tools that
+# write each file once, sequentially, through a fresh O_TRUNC open: what an object store's FUSE
+# client supports (scripts/LOWERS-NOTES.md, section 7).
+workload() {
+    local mnt="$1" log="$2"
+    wl_step "$log" "mkdir -p        job/" mkdir -p "$mnt/job"
+    # shellcheck disable=SC2016  # expanded by the inner sh
+    wl_step "$log" "shell redirect  > job/config.json" \
+        sh -c 'cat "$1" >"$2"' sh "$SRC/job/config.json" "$mnt/job/config.json"
+    wl_step "$log" "cp -r           job/dataset/ (10 files, 3 directories)" \
+        cp -r "$SRC/job/dataset" "$mnt/job/dataset"
+    wl_step "$log" "python3 writes  job/metrics.csv (buffered, line by line)" \
+        python3 -c "$PY_WRITER" "$SRC/job/metrics.csv" "$mnt/job/metrics.csv"
+    wl_step "$log" "cp              job/model-24MiB.bin" \
+        cp "$SRC/job/model-24MiB.bin" "$mnt/job/model-24MiB.bin"
+}
+
+# start_last_upload MNT LOG: the last file, in the background (sets APP_PID).
 start_last_upload() {
-    APP_T0=$(now_ms)
     cp "$SRC/$BIG_REL" "$1/$BIG_REL" 2>>"$2" &
     APP_PID=$!
 }
@@ -336,9 +352,9 @@ run_with_drainfs() {
     say "  drainfs starts rclone (the gcsfuse stand-in) on LOWER, waits for its mount, then mounts"
     say "  itself on MNT, where the application writes:"
     show_cmd "${cmd[@]}"
-    if [ "$GCS_PASSTHROUGH" = never ]; then
-        say "  (--passthrough never: rclone uploads per file handle, so drainfs serves the writes itself;"
-        say "   scripts/LOWERS-NOTES.md, section 4)"
+    if [ "$GCS_PASSTHROUGH" != auto ]; then
+        say "  (--passthrough $GCS_PASSTHROUGH: rclone uploads per file handle, so drainfs serves the writes"
+        say "   itself; scripts/LOWERS-NOTES.md, section 4)"
     fi
     t_ready=$(now_ms)
     "${cmd[@]}" >"$d/drainfs.out" 2>"$d/drainfs.log" &
@@ -473,6 +489,8 @@ run_without_drainfs() {
     say "  application: $APP_RESULT"
     WITHOUT_APP="$APP_RESULT"
     if mounted "$mnt"; then
+        # What anyone who looks at the directory now sees (ls's own error message).
+        # shellcheck disable=SC2012
         state="$(ls "$mnt" 2>&1 >/dev/null | tail -n 1 || true)"
         if [ -n "$state" ]; then
             say "  MNT is still mounted but dead: $state"
@@ -524,8 +542,13 @@ if [ "$MODE" != with ]; then
     say "                   rclone $WITHOUT_RCLONE and $WITHOUT_MOUNT"
 fi
 if [ "$MODE" = with ]; then
-    say "(scripts/demo.sh --compare also runs the same workload without drainfs, stopped as GKE does)"
+    say "(scripts/demo.sh with no option also runs the same workload without drainfs, stopped as GKE does)"
 fi
 say ""
-say "cleaning up: stopping every process this demo started, unmounting, removing $WORK"
+if [ "${DEMO_KEEP:-0}" = 1 ]; then
+    say "cleaning up: stopping every process this demo started, unmounting (keeping $WORK)"
+else
+    say "cleaning up: stopping every process this demo started, unmounting, removing $WORK"
+    say "(DEMO_KEEP=1 keeps it: drainfs's and rclone's logs, the summaries, the sources)"
+fi
 say "demo took $(secs $(($(now_ms) - T_START)))"

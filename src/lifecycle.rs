@@ -1158,15 +1158,21 @@ impl Runner {
             {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if mount::mount_at(&lower).is_some()
-                && (self.lower.status.is_some() || mount::is_dead(&lower))
-            {
+            if mount::mount_at(&lower).is_some() {
+                // Off the runtime thread: `is_dead` stats the lower, which blocks if it is wedged.
+                // A lazy detach is one syscall that does not wait on the lower, so it gets a
+                // small minimum even when the deadline has nothing left.
                 let p = lower.clone();
+                let exited = self.lower.status.is_some();
                 let res = tokio::time::timeout(
-                    left(),
+                    left().max(Duration::from_millis(100)),
                     blocking(move || {
-                        mount::abort_fuse_connection(&p);
-                        mount::unmount(&p, true, Duration::from_secs(5))
+                        if exited || mount::is_dead(&p) {
+                            mount::abort_fuse_connection(&p);
+                            mount::unmount(&p, true, Duration::from_secs(5)).map(Some)
+                        } else {
+                            Ok(None)
+                        }
                     }),
                 )
                 .await;

@@ -276,11 +276,12 @@ pub fn pid_alive(pid: i32) -> bool {
 pub fn fstype_at(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let p = path.to_string_lossy().replace(' ', "\\040");
-    text.lines()
-        .filter(|l| l.split(' ').nth(4) == Some(p.as_str()))
-        .filter_map(|l| {
-            let (_, after) = l.split_once(" - ")?;
-            after.split(' ').next().map(str::to_string)
-        })
-        .last()
+    // The last matching line is the top of the stack.
+    text.lines().rev().find_map(|l| {
+        if l.split(' ').nth(4) != Some(p.as_str()) {
+            return None;
+        }
+        let (_, after) = l.split_once(" - ")?;
+        after.split(' ').next().map(str::to_string)
+    })
 }
