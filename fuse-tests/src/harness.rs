@@ -141,6 +141,28 @@ impl Proc {
         }
     }
 
+    /// PID of this process's first child (drainfs's lower), waiting up to 5 s for it.
+    pub fn child_pid(&self) -> i32 {
+        let pid = self.pid();
+        let mut out = None;
+        wait_until(Duration::from_secs(5), || {
+            for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let children =
+                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                if let Some(c) = children.split_whitespace().next() {
+                    out = c.parse().ok();
+                    return true;
+                }
+            }
+            false
+        });
+        out.expect("a child process")
+    }
+
     /// Whether stderr has a line containing `needle`.
     pub fn stderr_contains(&self, needle: &str) -> bool {
         self.stderr
@@ -322,4 +344,72 @@ pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> std::process:
         .gid(gid)
         .output()
         .expect("run_as")
+}
+
+/// drainfs supervising the gcsfuse-like `bucketfs` backend, with the paths tests look at.
+pub struct BucketStack {
+    /// The mounted drainfs.
+    pub m: Mounted,
+    /// The directory playing the bucket (what has been "uploaded").
+    pub bucket: PathBuf,
+    /// bucketfs's `--events` log.
+    pub events: PathBuf,
+    /// An exit file drainfs watches (`volumes/exit`, parent not created).
+    pub exit_file: PathBuf,
+    /// drainfs's `--summary-file`.
+    pub summary: PathBuf,
+}
+
+/// Starts `drainfs run <drainfs_args> -- bucketfs <bucketfs_args>` in a fresh temp dir;
+/// `wait` waits until drainfs serves.
+pub fn over_bucketfs(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) -> BucketStack {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-bucket-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    let bucket = dir.path().join("bucket");
+    for d in [&lower, &mnt, &bucket] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let events = dir.path().join("events.jsonl");
+    let exit_file = dir.path().join("volumes").join("exit");
+    let summary = dir.path().join("summary.json");
+    let mut args: Vec<String> = vec![
+        "--exit-file".into(),
+        exit_file.display().to_string(),
+        "--summary-file".into(),
+        summary.display().to_string(),
+        "--lower-ready-timeout".into(),
+        "20s".into(),
+    ];
+    args.extend(drainfs_args.iter().map(|s| s.to_string()));
+    let mut lower_cmd: Vec<String> = vec![
+        bin("bucketfs").display().to_string(),
+        "--bucket".into(),
+        bucket.display().to_string(),
+        "--mountpoint".into(),
+        lower.display().to_string(),
+        "--events".into(),
+        events.display().to_string(),
+    ];
+    lower_cmd.extend(bucketfs_args.iter().map(|s| s.to_string()));
+    let m = Mounted::start_in(
+        dir,
+        lower,
+        mnt,
+        MountOpts {
+            args,
+            lower_cmd,
+            no_wait: !wait,
+        },
+    );
+    BucketStack {
+        m,
+        bucket,
+        events,
+        exit_file,
+        summary,
+    }
 }

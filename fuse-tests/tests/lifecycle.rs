@@ -9,72 +9,28 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fuse_tests::bucket::{BucketEvent, read_events};
-use fuse_tests::harness::{MountOpts, Mounted, Proc, bin, is_mounted, wait_until};
+use fuse_tests::harness::{
+    BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, over_bucketfs, wait_until,
+};
 use nix::sys::signal::Signal;
 
-/// A drainfs over bucketfs, with paths for the bucket, the events log, the exit file and the
-/// summary.
-struct Stack {
-    m: Mounted,
-    bucket: PathBuf,
-    events: PathBuf,
-    exit_file: PathBuf,
-    summary: PathBuf,
-}
+type Stack = BucketStack;
 
 fn stack(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) -> Stack {
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-life-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    for d in [&lower, &mnt, &bucket] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let events = dir.path().join("events.jsonl");
-    let exit_file = dir.path().join("volumes").join("exit");
-    let summary = dir.path().join("summary.json");
-    let mut args: Vec<String> = vec![
-        "--exit-file".into(),
-        exit_file.display().to_string(),
-        "--summary-file".into(),
-        summary.display().to_string(),
-        "--lower-ready-timeout".into(),
-        "20s".into(),
-    ];
-    args.extend(drainfs_args.iter().map(|s| s.to_string()));
-    let mut lower_cmd: Vec<String> = vec![
-        bin("bucketfs").display().to_string(),
-        "--bucket".into(),
-        bucket.display().to_string(),
-        "--mountpoint".into(),
-        lower.display().to_string(),
-        "--events".into(),
-        events.display().to_string(),
-    ];
-    lower_cmd.extend(bucketfs_args.iter().map(|s| s.to_string()));
-    let m = Mounted::start_in(
-        dir,
-        lower,
-        mnt,
-        MountOpts {
-            args,
-            lower_cmd,
-            no_wait: !wait,
-        },
-    );
-    Stack {
-        m,
-        bucket,
-        events,
-        exit_file,
-        summary,
-    }
+    over_bucketfs(drainfs_args, bucketfs_args, wait)
 }
 
-impl Stack {
+/// Test-side helpers on the stack.
+trait StackExt {
+    fn events(&self) -> Vec<BucketEvent>;
+    fn touch_exit_file(&self);
+    fn summary(&self) -> serde_json::Value;
+    fn wait_exit(&mut self, timeout: Duration) -> i32;
+    fn assert_nothing_mounted(&self);
+    fn lower_pid(&self) -> i32;
+}
+
+impl StackExt for Stack {
     fn events(&self) -> Vec<BucketEvent> {
         read_events(&self.events)
     }
@@ -106,24 +62,7 @@ impl Stack {
 
     /// PID of the lower (drainfs's child).
     fn lower_pid(&self) -> i32 {
-        let pid = self.m.proc.pid();
-        let mut out = None;
-        wait_until(Duration::from_secs(5), || {
-            for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let children =
-                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-                if let Some(c) = children.split_whitespace().next() {
-                    out = c.parse().ok();
-                    return true;
-                }
-            }
-            false
-        });
-        out.expect("drainfs has a child")
+        self.m.proc.child_pid()
     }
 }
 

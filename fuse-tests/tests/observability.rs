@@ -127,7 +127,7 @@ fn probes_flip_at_the_right_moments() {
     assert!(ready.exists(), "ready file written once serving");
 
     // A wedged lower turns liveness false within the bound (and back once it answers).
-    let lower_pid = child_of(m.proc.pid());
+    let lower_pid = m.proc.child_pid();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(lower_pid), Signal::SIGSTOP).unwrap();
     let t = Instant::now();
     let (code, body) = get(&base, "/livez?verbose");
@@ -159,26 +159,6 @@ fn probes_flip_at_the_right_moments() {
         .expect("exits after draining");
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
     assert!(!is_mounted(&m.mnt));
-}
-
-fn child_of(pid: i32) -> i32 {
-    let mut out = None;
-    wait_until(Duration::from_secs(5), || {
-        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            if let Some(c) = children.split_whitespace().next() {
-                out = c.parse().ok();
-                return true;
-            }
-        }
-        false
-    });
-    out.expect("a child process")
 }
 
 /// Parses OpenMetrics text with the reference parser (prometheus_client) and returns

@@ -84,56 +84,11 @@ pub fn mount_on_tmpfs(mode: &str, extra: &[&str]) -> Mounted {
 }
 
 /// drainfs over the gcsfuse-like `bucketfs` backend (objects published only at FLUSH/FSYNC).
-pub struct OverBucket {
-    /// The mounted stack; dropping it stops drainfs, which stops bucketfs.
-    pub m: Mounted,
-    /// The directory playing the bucket (what has been "uploaded").
-    pub bucket: PathBuf,
-    /// bucketfs's `--events` log.
-    pub events: PathBuf,
-}
+pub type OverBucket = fuse_tests::harness::BucketStack;
 
 /// Mounts drainfs (`--passthrough <mode>`) over a bucketfs started with `bucketfs_args`.
 pub fn over_bucketfs(mode: &str, bucketfs_args: &[&str]) -> OverBucket {
-    use fuse_tests::harness::bin;
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-ops-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    for d in [&lower, &mnt, &bucket] {
-        std::fs::create_dir(d).unwrap();
-    }
-    let events = dir.path().join("events.jsonl");
-    let mut lower_cmd: Vec<String> = vec![
-        bin("bucketfs").display().to_string(),
-        "--bucket".into(),
-        bucket.display().to_string(),
-        "--mountpoint".into(),
-        lower.display().to_string(),
-        "--events".into(),
-        events.display().to_string(),
-    ];
-    lower_cmd.extend(bucketfs_args.iter().map(|s| s.to_string()));
-    let args = vec![
-        "--passthrough".into(),
-        mode.into(),
-        "--lower-ready-timeout".into(),
-        "20s".into(),
-    ];
-    let m = Mounted::start_in(
-        dir,
-        lower,
-        mnt,
-        MountOpts {
-            args,
-            lower_cmd,
-            no_wait: false,
-        },
-    );
-    OverBucket { m, bucket, events }
+    fuse_tests::harness::over_bucketfs(&["--passthrough", mode], bucketfs_args, true)
 }
 
 /// Runs `program args` as `uid:gid` with no supplementary groups and returns its output.
