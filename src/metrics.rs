@@ -86,6 +86,44 @@ fn histogram(
     m.encode_histogram::<NoLabelSet>(sum, count, &b, None)
 }
 
+/// A counter family with one label: `name{label="k"} v` for each `(k, v)`.
+fn counter_family<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: impl IntoIterator<Item = (&'a str, u64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (k, v) in values {
+        let l: Labels = [(label, k)];
+        m.encode_family(&l)?
+            .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+    }
+    Ok(())
+}
+
+/// A gauge family with one label.
+fn gauge_family<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: impl IntoIterator<Item = (&'a str, i64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (k, v) in values {
+        let l: Labels = [(label, k)];
+        m.encode_family(&l)?.encode_gauge(&v)?;
+    }
+    Ok(())
+}
+
+/// The count recorded for `key` in a `(label, count)` list, 0 if absent.
+fn count_of(list: &[(&'static str, u64)], key: &str) -> u64 {
+    list.iter().find(|(k, _)| *k == key).map_or(0, |(_, n)| *n)
+}
+
 impl Collector for DrainCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.shared;
@@ -103,49 +141,31 @@ impl Collector for DrainCollector {
             )?;
             info.encode(m)?;
         }
-        {
-            let phase = s.phase();
-            let mut m = enc.encode_descriptor(
-                "phase",
-                "Lifecycle phase (1 for the current one)",
-                None,
-                MetricType::Gauge,
-            )?;
-            for p in Phase::ALL {
-                let l: Labels = [("phase", p.name())];
-                m.encode_family(&l)?.encode_gauge(&i64::from(p == phase))?;
-            }
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "requests",
-                "FUSE requests answered, by operation",
-                None,
-                MetricType::Counter,
-            )?;
-            for op in Op::ALL {
-                let l: Labels = [("op", op.name())];
-                m.encode_family(&l)?.encode_counter::<NoLabelSet, _, u64>(
-                    &a.op_stats(*op).count.load(Relaxed),
-                    None,
-                )?;
-            }
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "request_errors",
-                "FUSE requests answered with an error, by operation",
-                None,
-                MetricType::Counter,
-            )?;
-            for op in Op::ALL {
-                let l: Labels = [("op", op.name())];
-                m.encode_family(&l)?.encode_counter::<NoLabelSet, _, u64>(
-                    &a.op_stats(*op).errors.load(Relaxed),
-                    None,
-                )?;
-            }
-        }
+        let phase = s.phase();
+        gauge_family(
+            &mut enc,
+            "phase",
+            "Lifecycle phase (1 for the current one)",
+            "phase",
+            Phase::ALL
+                .iter()
+                .map(|p| (p.name(), i64::from(*p == phase))),
+        )?;
+        let ops = || Op::ALL.iter().map(|op| (op.name(), a.op_stats(*op)));
+        counter_family(
+            &mut enc,
+            "requests",
+            "FUSE requests answered, by operation",
+            "op",
+            ops().map(|(n, st)| (n, st.count.load(Relaxed))),
+        )?;
+        counter_family(
+            &mut enc,
+            "request_errors",
+            "FUSE requests answered with an error, by operation",
+            "op",
+            ops().map(|(n, st)| (n, st.errors.load(Relaxed))),
+        )?;
         {
             let mut m = enc.encode_descriptor(
                 "request_duration_seconds",
@@ -153,9 +173,9 @@ impl Collector for DrainCollector {
                 None,
                 MetricType::Histogram,
             )?;
-            for op in Op::ALL {
-                let (b, sum, count) = histogram_buckets(&a.op_stats(*op).duration);
-                let l: Labels = [("op", op.name())];
+            for (name, st) in ops() {
+                let (b, sum, count) = histogram_buckets(&st.duration);
+                let l: Labels = [("op", name)];
                 m.encode_family(&l)?
                     .encode_histogram::<NoLabelSet>(sum, count, &b, None)?;
             }
@@ -167,55 +187,40 @@ impl Collector for DrainCollector {
             "FUSE requests being served",
             out.in_flight,
         )?;
-        {
-            let mut m = enc.encode_descriptor(
-                "open_handles",
-                "Open handles, by mode",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (mode, v) in [
+        gauge_family(
+            &mut enc,
+            "open_handles",
+            "Open handles, by mode",
+            "mode",
+            [
                 ("read", out.open_read),
                 ("write", out.open_write),
                 ("dir", out.open_dirs),
-            ] {
-                let l: Labels = [("mode", mode)];
-                m.encode_family(&l)?.encode_gauge(&v)?;
-            }
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "handles_opened",
-                "Handles opened, by mode",
-                None,
-                MetricType::Counter,
-            )?;
-            for (name, mode) in [
+            ],
+        )?;
+        counter_family(
+            &mut enc,
+            "handles_opened",
+            "Handles opened, by mode",
+            "mode",
+            [
                 ("read", HandleMode::Read),
                 ("write", HandleMode::Write),
                 ("dir", HandleMode::Dir),
-            ] {
-                let l: Labels = [("mode", name)];
-                m.encode_family(&l)?
-                    .encode_counter::<NoLabelSet, _, u64>(&a.handles_opened(mode), None)?;
-            }
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "lower_calls_in_progress",
-                "Lower FLUSH/FSYNC/RELEASE calls in progress",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (name, v) in [
+            ]
+            .map(|(n, mode)| (n, a.handles_opened(mode))),
+        )?;
+        gauge_family(
+            &mut enc,
+            "lower_calls_in_progress",
+            "Lower FLUSH/FSYNC/RELEASE calls in progress",
+            "call",
+            [
                 ("flush", out.lower_flush),
                 ("fsync", out.lower_fsync),
                 ("release", out.lower_release),
-            ] {
-                let l: Labels = [("call", name)];
-                m.encode_family(&l)?.encode_gauge(&v)?;
-            }
-        }
+            ],
+        )?;
         histogram(
             &mut enc,
             "lower_flush_duration_seconds",
@@ -246,42 +251,28 @@ impl Collector for DrainCollector {
             "Bytes written through drainfs's own data path (not kernel passthrough)",
             a.bytes_written.load(Relaxed),
         )?;
-        {
-            let t = s.triggers.lock().clone();
-            let mut m = enc.encode_descriptor(
-                "shutdown_triggers",
-                "Shutdown triggers received, by cause",
-                None,
-                MetricType::Counter,
-            )?;
-            for cause in Cause::LABELS {
-                let v = t.iter().find(|(k, _)| *k == cause).map_or(0, |(_, n)| *n);
-                let l: Labels = [("cause", cause)];
-                m.encode_family(&l)?
-                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-            }
-        }
-        {
-            let f = s.forced.lock().clone();
-            let mut m = enc.encode_descriptor(
-                "forced_shutdowns",
-                "Shutdowns forced with work outstanding, by reason",
-                None,
-                MetricType::Counter,
-            )?;
-            for reason in ["deadline", "second_signal", "lower_died", "lower_sigkill"] {
-                let v = f.iter().find(|(k, _)| *k == reason).map_or(0, |(_, n)| *n);
-                let l: Labels = [("reason", reason)];
-                m.encode_family(&l)?
-                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-            }
-        }
-        let snap_drain = s.drain_seconds();
+        let triggers = s.triggers.lock().clone();
+        counter_family(
+            &mut enc,
+            "shutdown_triggers",
+            "Shutdown triggers received, by cause",
+            "cause",
+            Cause::LABELS.iter().map(|c| (*c, count_of(&triggers, c))),
+        )?;
+        let forced = s.forced.lock().clone();
+        counter_family(
+            &mut enc,
+            "forced_shutdowns",
+            "Shutdowns forced with work outstanding, by reason",
+            "reason",
+            ["deadline", "second_signal", "lower_died", "lower_sigkill"]
+                .map(|r| (r, count_of(&forced, r))),
+        )?;
         gauge_f(
             &mut enc,
             "drain_duration_seconds",
             "Time from the first trigger to drained (0 until drained)",
-            snap_drain.unwrap_or(0.0),
+            s.drain_seconds().unwrap_or(0.0),
         )?;
         if let Some(left) = s.deadline_left() {
             gauge_f(
