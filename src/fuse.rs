@@ -233,14 +233,20 @@ impl DrainFs {
         })
     }
 
-    /// FOPEN flags: read-only opens need no FLUSH round trip. In `reads` mode writable opens
-    /// served by drainfs get FOPEN_DIRECT_IO, which takes no inode io mode, so passthrough
-    /// readers may open the inode while they are open (a cached open would make those fail;
-    /// fs/fuse/iomode.c).
+    /// FOPEN flags for an open served as `passthrough` or not:
+    /// - read-only opens need no FLUSH round trip (`FOPEN_NOFLUSH`);
+    /// - write-only opens served by drainfs get `FOPEN_DIRECT_IO`: the kernel then hands the
+    ///   application's pages to drainfs instead of first copying them into the page cache
+    ///   (one copy of three saved; nothing is read back through such a handle). In `reads`
+    ///   mode every writable open served by drainfs gets it, because direct io takes no inode io
+    ///   mode, so passthrough readers may still open the inode (fs/fuse/iomode.c).
     fn open_flags(&self, flags: i32, passthrough: bool) -> FopenFlags {
-        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        let acc = flags & libc::O_ACCMODE;
+        if acc == libc::O_RDONLY {
             FopenFlags::FOPEN_NOFLUSH
-        } else if self.passthrough && self.mode == PassthroughMode::Reads && !passthrough {
+        } else if !passthrough
+            && (acc == libc::O_WRONLY || (self.passthrough && self.mode == PassthroughMode::Reads))
+        {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()

@@ -382,6 +382,7 @@ def main():
     ap.add_argument("--results", help="results directory (default: fuse-tests/bench/results/<time>[-smoke])")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, smoke 2)")
     ap.add_argument("--runtime", help="fio runtime per job (default 10s, smoke 500ms)")
+    ap.add_argument("--ramp", help="fio ramp time before measuring (default 1s, smoke 0)")
     ap.add_argument("--size", help="fio file size per job (default 1G, smoke 32M)")
     ap.add_argument("--md-files", type=int, help="mdbench files (default 10000, smoke 400)")
     ap.add_argument("--trigger-runs", type=int, help="trigger-to-exit runs per case (default 20, smoke 5)")
@@ -404,7 +405,7 @@ def main():
     ctx = Ctx()
     ctx.profile = "smoke" if a.smoke else "full"
     ctx.p = dict(PROFILES[ctx.profile])
-    for k, v in (("reps", a.reps), ("runtime", a.runtime), ("size", a.size), ("md_files", a.md_files),
+    for k, v in (("reps", a.reps), ("runtime", a.runtime), ("ramp", a.ramp), ("size", a.size), ("md_files", a.md_files),
                  ("trigger_runs", a.trigger_runs), ("idle", a.idle)):
         if v is not None:
             ctx.p[k] = v

@@ -4,7 +4,7 @@
 #   fuse-tests/bench/run.sh            full run (~20 min): 3 interleaved reps, fio 10 s per job
 #   fuse-tests/bench/run.sh --smoke    CI smoke (< 1 min after the build): every part, tiny sizes
 #
-# Other options are passed to bench.py (--reps, --runtime, --size, --md-files, --trigger-runs,
+# Other options are passed to bench.py (--reps, --runtime, --ramp, --size, --md-files, --trigger-runs,
 # --threads, --ttl, --results DIR); --no-build skips the cargo build. Needs root and /dev/fuse.
 # Prints one table; writes it, the raw JSON and the daemons' logs to the results directory
 # (default fuse-tests/bench/results/<time>[-smoke]/).
