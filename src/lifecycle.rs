@@ -189,12 +189,10 @@ pub struct Shared {
 struct SharedInner {
     phase: Phase,
     cause: Option<Cause>,
-    trigger_at: Option<Instant>,
     deadline: Option<Instant>,
     fs: Option<Arc<Fs>>,
     init: Option<InitInfo>,
     lower_up: bool,
-    drain_started: Option<Instant>,
     drain_duration: Option<Duration>,
 }
 
@@ -228,12 +226,10 @@ impl Shared {
             inner: Mutex::new(SharedInner {
                 phase: Phase::Starting,
                 cause: None,
-                trigger_at: None,
                 deadline: None,
                 fs: None,
                 init: None,
                 lower_up: false,
-                drain_started: None,
                 drain_duration: None,
             }),
             acct,
@@ -617,9 +613,7 @@ impl Runner {
             {
                 let mut i = self.shared.inner.lock();
                 i.cause = Some(cause.clone());
-                i.trigger_at = Some(now);
                 i.deadline = self.force_at;
-                i.drain_started = Some(now);
             }
             tracing::info!(
                 cause = cause.label(),
@@ -950,7 +944,7 @@ impl Runner {
                 tracing::info!(
                     "shutdown before the lower was ready: stopping it; nothing was mounted"
                 );
-                self.stop_lower().await;
+                self.stop_lower("shutdown before the lower was ready").await;
                 self.cleanup_lower_mount(lower_path, before).await;
                 let code = if self.lower_clean {
                     EXIT_OK
@@ -968,7 +962,8 @@ impl Runner {
                 self.t0.get_or_insert(Instant::now());
                 self.force_at = Some(Instant::now() + Duration::from_secs(5));
                 self.hard_exit = self.force_at;
-                self.stop_lower().await;
+                self.stop_lower("the lower's mount did not appear in time")
+                    .await;
                 self.cleanup_lower_mount(lower_path, before).await;
                 return Some(EXIT_LOWER_FAILED);
             }
@@ -1005,17 +1000,16 @@ impl Runner {
                 .get_or_insert(Instant::now() + Duration::from_secs(10));
             self.hard_exit
                 .get_or_insert(Instant::now() + Duration::from_secs(10));
-            self.stop_lower().await;
+            self.stop_lower("drainfs could not mount").await;
             let p = self.cfg.fs.lower.clone();
             self.cleanup_lower_mount(&p, None).await;
         }
     }
 
     /// Sends the lower its stop signal and waits (bounded by the deadline); SIGKILL after.
-    async fn stop_lower(&mut self) {
+    async fn stop_lower(&mut self, why: &str) {
         let Some(pid) = self.lower.pid else { return };
-        self.shared
-            .set_phase(Phase::StoppingLower, "drained and unmounted");
+        self.shared.set_phase(Phase::StoppingLower, why);
         let sig = self.cfg.lifecycle.lower_signal;
         if self.lower.poll_exit().is_none() {
             tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
@@ -1149,7 +1143,12 @@ impl Runner {
 
         // The lower.
         if self.lower.pid.is_some() {
-            self.stop_lower().await;
+            let why = if self.forced.is_some() {
+                "forced teardown"
+            } else {
+                "drained and unmounted"
+            };
+            self.stop_lower(why).await;
         }
         let lower = self.cfg.fs.lower.clone();
         if self.lower.spawned || self.lower_died.is_some() || self.lower.pid.is_some() {
