@@ -132,67 +132,8 @@ pub fn preflight(
     if spawns_lower {
         repair_if_dead(lower, "--lower");
     }
-    let lower_abs = match std::fs::metadata(lower) {
-        Ok(m) if m.is_dir() => absolute(lower),
-        Ok(_) => {
-            return Err(Preflight(format!(
-                "--lower {}: not a directory",
-                lower.display()
-            )));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Preflight(format!(
-                "--lower {}: no such directory",
-                lower.display()
-            )));
-        }
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
-            ) =>
-        {
-            return Err(Preflight(format!(
-                "--lower {}: dead FUSE mount (transport endpoint is not connected); repair it with `drainfs cleanup {}`",
-                lower.display(),
-                lower.display()
-            )));
-        }
-        Err(e) => return Err(Preflight(format!("--lower {}: {e}", lower.display()))),
-    };
-    let mp_abs = match std::fs::metadata(mountpoint) {
-        Ok(m) if m.is_dir() => absolute(mountpoint),
-        Ok(_) => {
-            return Err(Preflight(format!(
-                "--mountpoint {}: not a directory",
-                mountpoint.display()
-            )));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Preflight(format!(
-                "--mountpoint {}: no such directory (create it first)",
-                mountpoint.display()
-            )));
-        }
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
-            ) =>
-        {
-            return Err(Preflight(format!(
-                "--mountpoint {}: dead FUSE mount left by a killed process; repair it with `drainfs cleanup {}`",
-                mountpoint.display(),
-                mountpoint.display()
-            )));
-        }
-        Err(e) => {
-            return Err(Preflight(format!(
-                "--mountpoint {}: {e}",
-                mountpoint.display()
-            )));
-        }
-    };
+    let lower_abs = existing_dir(lower, "--lower")?;
+    let mp_abs = existing_dir(mountpoint, "--mountpoint")?;
     if let Some(m) = mount_at(&mp_abs) {
         return Err(Preflight(format!(
             "--mountpoint {}: already a mount ({} from {}); unmount it or choose another directory",
@@ -230,6 +171,30 @@ pub fn preflight(
         ));
     }
     Ok((lower_abs, mp_abs))
+}
+
+/// `path` as an absolute path if it is an existing directory; otherwise one line naming the
+/// flag, the path and the fix.
+fn existing_dir(path: &Path, flag: &str) -> Result<PathBuf, Preflight> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(absolute(path)),
+        Ok(_) => Err(Preflight(format!("{flag} {shown}: not a directory"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Preflight(format!(
+            "{flag} {shown}: no such directory (create it first)"
+        ))),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+            ) =>
+        {
+            Err(Preflight(format!(
+                "{flag} {shown}: dead FUSE mount left by a killed process; repair it with `drainfs cleanup {shown}`"
+            )))
+        }
+        Err(e) => Err(Preflight(format!("{flag} {shown}: {e}"))),
+    }
 }
 
 /// Aborts and detaches a dead FUSE mount at `path` (peeling stacked ones), logging what it did.
