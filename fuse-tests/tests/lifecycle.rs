@@ -321,25 +321,12 @@ fn closed_door_refuses_new_opens_but_open_handles_finish() {
 
 #[test]
 fn sigterm_before_the_lower_is_ready_exits_promptly() {
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-life-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
     // A "lower" that never mounts.
-    let mut m = Mounted::start_in(
-        dir,
-        lower.clone(),
-        mnt.clone(),
-        MountOpts {
-            args: vec![],
-            lower_cmd: vec!["sleep".into(), "60".into()],
-            no_wait: true,
-        },
-    );
+    let mut m = Mounted::start(MountOpts {
+        lower_cmd: vec!["sleep".into(), "60".into()],
+        no_wait: true,
+        ..Default::default()
+    });
     assert!(wait_until(Duration::from_secs(10), || m
         .proc
         .stderr_contains("waiting for its mount")));
@@ -353,68 +340,43 @@ fn sigterm_before_the_lower_is_ready_exits_promptly() {
     );
     // `sleep` dies of the SIGINT drainfs sends it: a clean stop.
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
-    assert!(!is_mounted(&mnt) && !is_mounted(&lower));
+    assert!(!is_mounted(&m.mnt) && !is_mounted(&m.lower));
 }
 
 #[test]
 fn lower_exiting_before_ready_reports_its_stderr() {
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-life-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let mut m = Mounted::start_in(
-        dir,
-        lower,
-        mnt.clone(),
-        MountOpts {
-            args: vec![],
-            lower_cmd: vec![
-                "sh".into(),
-                "-c".into(),
-                "echo 'bucket does-not-exist: 404' >&2; exit 3".into(),
-            ],
-            no_wait: true,
-        },
-    );
+    let mut m = Mounted::start(MountOpts {
+        lower_cmd: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo 'bucket does-not-exist: 404' >&2; exit 3".into(),
+        ],
+        no_wait: true,
+        ..Default::default()
+    });
     let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
     assert_eq!(st.code(), Some(69));
     assert!(m.proc.stderr_text().contains("bucket does-not-exist: 404"));
-    assert!(!is_mounted(&mnt));
+    assert!(!is_mounted(&m.mnt));
 }
 
 #[test]
 fn exit_file_present_before_start_counts() {
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-life-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let exit = dir.path().join("exit");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let exit = elsewhere.path().join("exit");
     std::fs::write(&exit, b"").unwrap();
-    let mut m = Mounted::start_in(
-        dir,
-        lower,
-        mnt.clone(),
-        MountOpts {
-            args: vec!["--exit-file".into(), exit.display().to_string()],
-            lower_cmd: vec![],
-            no_wait: true,
-        },
-    );
+    let mut m = Mounted::start(MountOpts {
+        args: vec!["--exit-file".into(), exit.display().to_string()],
+        no_wait: true,
+        ..Default::default()
+    });
     let st = m
         .proc
         .wait_timeout(Duration::from_secs(10))
         .expect("exits on its own");
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
     assert!(m.proc.stderr_contains("exit file already present"));
-    assert!(!is_mounted(&mnt));
+    assert!(!is_mounted(&m.mnt));
 }
 
 #[test]
