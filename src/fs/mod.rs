@@ -835,10 +835,20 @@ impl Fs {
         self.new_entry(&newparent, &npfd, &newname)
     }
 
+    /// Flags of the lower open for an OPEN with the application's `flags`.
+    ///
+    /// O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data path
+    /// (the kernel's backing file keeps it) and would force aligned buffers on ours.
+    ///
+    /// O_APPEND is dropped: the kernel resolves append offsets itself. For a FUSE file opened
+    /// with O_APPEND, `write(2)` holds the inode lock and sends WRITE at the offset the kernel
+    /// computed from its i_size (`generic_write_checks`, cached and direct-io paths alike), and
+    /// a passthrough write carries IOCB_APPEND to the backing file. Page writeback of a shared
+    /// writable mapping sends WRITE at the page's offset. On Linux, `pwrite` on an O_APPEND fd
+    /// ignores its offset and appends, so an O_APPEND lower fd would turn the mapping's writes
+    /// into appends. (libfuse's passthrough_hp clears O_APPEND only with the writeback cache.)
     fn lower_open_flags(flags: i32) -> i32 {
-        // O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data
-        // path (the kernel's backing file keeps it) and would force aligned buffers on ours.
-        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT))
+        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND))
             | libc::O_NOFOLLOW
     }
 
@@ -1000,8 +1010,9 @@ impl Fs {
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
-        let lflags =
-            (flags & !(libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_CREAT | libc::O_NOFOLLOW;
+        let lflags = (flags & !(libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND))
+            | libc::O_CREAT
+            | libc::O_NOFOLLOW;
         let fd = {
             let _creds = sys::CallerCreds::switch(caller);
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
