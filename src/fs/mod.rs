@@ -935,7 +935,8 @@ impl Fs {
     /// OPEN: opens the lower file with the application's flags; with `register`, sets up
     /// kernel passthrough (one backing id per inode, shared by concurrent opens), except for
     /// the cases `Fs::install_handle` lists. `caller` is who opens (its uid stands for
-    /// "lacks CAP_FSETID" when non-zero).
+    /// "lacks CAP_FSETID" when non-zero); an O_TRUNC open by such a caller clears the
+    /// set-user-ID/set-group-ID bits [`privs_to_kill`] names, as a truncate by it would.
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; `ESTALE` when the name now names another inode;
@@ -952,6 +953,11 @@ impl Fs {
         let inode = self.inode(nodeid)?;
         let lflags = Self::lower_open_flags(flags);
         let fd = self.open_inode(&inode, lflags)?;
+        if flags & libc::O_TRUNC != 0 && caller.uid != 0 && inode.fmt == libc::S_IFREG {
+            // FUSE_ATOMIC_O_TRUNC: the truncate rides on this open, made with drainfs's
+            // CAP_FSETID; the lower would have dropped the privilege bits for this caller.
+            self.kill_privs(fd.as_fd(), &caller)?;
+        }
         let register = if inode.fmt == libc::S_IFREG {
             register
         } else {
