@@ -493,7 +493,9 @@ fn set_thread_groups(groups: &[libc::gid_t]) -> Result<(), Errno> {
 /// a user allowed by the kernel through a supplementary group (a pod's fsGroup on a
 /// group-writable directory) must not be refused by the lower. `setfsuid`, `setfsgid` and the
 /// raw `setgroups` syscall are per-thread on Linux. A no-op when drainfs is not root or the
-/// caller is root.
+/// caller is root with group 0; a root caller with another group gets only its fsgid
+/// switched (new inodes get that group, as on the lower; root's permission checks do not
+/// depend on its groups).
 pub struct CallerCreds {
     switched: bool,
 }
@@ -503,8 +505,13 @@ impl CallerCreds {
     /// dropped. If the groups cannot be read or set, the thread keeps drainfs's groups.
     pub fn switch(caller: Caller) -> Self {
         // SAFETY: geteuid has no preconditions.
-        if caller.uid == 0 || unsafe { libc::geteuid() } != 0 {
+        if unsafe { libc::geteuid() } != 0 || (caller.uid == 0 && caller.gid == 0) {
             return CallerCreds { switched: false };
+        }
+        if caller.uid == 0 {
+            // SAFETY: setfsgid only changes this thread's filesystem gid.
+            unsafe { libc::setfsgid(caller.gid) };
+            return CallerCreds { switched: true };
         }
         let _ = own_groups();
         // Before setfsuid: setgroups needs CAP_SETGID, which a non-zero fsuid does not drop,
