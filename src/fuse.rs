@@ -626,18 +626,29 @@ impl Filesystem for DrainFs {
     ) {
         let mut g = self.core.acct.op(Op::Readdirplus);
         let mut dir_attr: Option<FileAttr> = None;
+        let dev = self.core.root_dev();
         let res = self
             .core
-            .readdir(ino.0, fh.0, offset as i64, |_d_ino, off, _typ, name| {
+            .readdir(ino.0, fh.0, offset as i64, |d_ino, off, _typ, name| {
                 if name == b"." || name == b".." {
-                    // The kernel does not link dot entries: no lookup reference is taken.
-                    let a = *dir_attr.get_or_insert_with(|| {
+                    // The kernel does not link dot entries (fuse_direntplus_link skips them),
+                    // so no lookup is made and no reference taken; only the entry's inode
+                    // number counts: the directory's own nodeid for `.`, and for `..` the
+                    // parent's, as READDIR reports it (the root's `..` is the root itself).
+                    let mut a = *dir_attr.get_or_insert_with(|| {
                         let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
                             // SAFETY: an all-zero `struct stat` is a valid value.
                             unsafe { std::mem::zeroed() }
                         });
                         attr(ino.0, &st)
                     });
+                    if name == b".." {
+                        a.ino = if ino.0 == crate::fs::ROOT_ID {
+                            INodeNo(crate::fs::ROOT_ID)
+                        } else {
+                            INodeNo(self.core.dirent_nodeid(dev, d_ino))
+                        };
+                    }
                     return !reply.add(
                         a.ino,
                         off as u64,
