@@ -520,11 +520,18 @@ impl Fs {
                 };
             }
         }
+        #[cfg(test)]
+        tests::hook(tests::Point::BeforeWriteGuard);
         let mut map = self.inodes.write();
         if let Some(id) = map.by_key.get(&key).copied() {
             let inode = Arc::clone(&map.by_id[&id]);
-            drop(map);
+            // Counted while the write guard is held: a FORGET (which takes the write guard)
+            // either ran before and removed nothing we hold, or runs after and sees this
+            // reference (fuse-backend-rs `do_lookup`).
             inode.lookups.fetch_add(1, SeqCst);
+            drop(map);
+            #[cfg(test)]
+            tests::hook(tests::Point::AfterCountedUnderWriteGuard);
             inode.set_location(parent, name);
             return Entry {
                 nodeid: id,

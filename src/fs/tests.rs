@@ -2,6 +2,44 @@
 
 use super::*;
 
+use std::cell::RefCell;
+
+/// Points in the core where a test can run code, to force an interleaving of two requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Point {
+    /// `remember` found no inode under the read guard and is about to take the write guard.
+    BeforeWriteGuard,
+    /// `remember` found an existing inode under the write guard and has released it.
+    AfterCountedUnderWriteGuard,
+}
+
+type Hook = Box<dyn FnMut(Point)>;
+
+thread_local! {
+    static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Runs this thread's hook at `point`; the hook is not re-entered by the calls it makes.
+pub(super) fn hook(point: Point) {
+    let Some(mut h) = HOOK.with_borrow_mut(Option::take) else {
+        return;
+    };
+    h(point);
+    HOOK.with_borrow_mut(|slot| {
+        if slot.is_none() {
+            *slot = Some(h);
+        }
+    });
+}
+
+fn set_hook(h: impl FnMut(Point) + 'static) {
+    HOOK.with_borrow_mut(|slot| *slot = Some(Box::new(h)));
+}
+
+fn clear_hook() {
+    HOOK.with_borrow_mut(|slot| *slot = None);
+}
+
 fn fs_on(dir: &Path, max_fds: usize) -> Fs {
     Fs::new(
         dir,
@@ -416,4 +454,47 @@ fn dirent_nodeids_match_later_lookups() {
             "{name}"
         );
     }
+}
+
+/// Two LOOKUPs of a new file race: A inserts the inode (count 1) while B waits for the write
+/// guard; B then finds it. A FORGET of A's reference that lands right after B releases the
+/// guard must leave B's reference counted: the nodeid B returns stays known.
+#[test]
+fn a_forget_between_lookups_never_drops_a_reference_the_kernel_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let fs = Arc::new(fs_on(dir.path(), 64));
+    let raced: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    {
+        let (fs, raced) = (Arc::clone(&fs), Arc::clone(&raced));
+        set_hook(move |point| match point {
+            // Lookup A, from "another thread", completes first.
+            Point::BeforeWriteGuard if raced.lock().is_none() => {
+                let a = fs.lookup(ROOT_ID, OsStr::new("f")).unwrap();
+                *raced.lock() = Some(a.nodeid);
+            }
+            // The kernel forgets A's reference while B is between the guard and its reply.
+            Point::AfterCountedUnderWriteGuard => {
+                let id = raced.lock().expect("lookup A ran");
+                fs.forget(id, 1);
+            }
+            _ => {}
+        });
+    }
+    let b = fs.lookup(ROOT_ID, OsStr::new("f"));
+    clear_hook();
+    let b = b.unwrap();
+    assert_eq!(
+        Some(b.nodeid),
+        *raced.lock(),
+        "both lookups found one inode"
+    );
+    // The kernel holds B's reference: the nodeid must still be served.
+    assert_eq!(fs.getattr(b.nodeid, None).unwrap().st_size, 1);
+    assert_eq!(fs.inode(b.nodeid).unwrap().lookups.load(SeqCst), 1);
+    fs.forget(b.nodeid, 1);
+    assert_eq!(
+        fs.getattr(b.nodeid, None).unwrap_err().raw_errno(),
+        libc::ESTALE
+    );
 }
