@@ -5,8 +5,9 @@
 //! `(st_dev, st_ino)`, so hard links share one nodeid and renames keep identity; nodeids are
 //! never reused; the root is pinned. Unlike virtiofsd, an inode does not hold an O_PATH fd for
 //! its whole life: O_PATH fds live in a bounded LRU cache ([`crate::config::FsConfig::max_lower_fds`]) and an
-//! inode that lost its fd is found again through its last known location (parent inode + name),
-//! verified against its key (a mismatch is `ESTALE`). That keeps 100,000 known inodes within a
+//! inode that lost its fd is found again through the names it was last seen under (parent
+//! inode + name, a few per inode so that a hard link stays reachable when another of its names
+//! is removed), each verified against its key (a mismatch is `ESTALE`). That keeps 100,000 known inodes within a
 //! 20,000 RLIMIT_NOFILE (gcsfuse's inode numbers are not usable with `name_to_handle_at`).
 //! Open files need no path at all: every operation on an open file uses its handle's lower fd,
 //! which is why unlinked-but-open files keep working.
@@ -39,6 +40,9 @@ const RESERVED_NODEIDS: usize = 65_536;
 
 /// The root's nodeid (FUSE_ROOT_ID).
 pub const ROOT_ID: u64 = 1;
+
+/// How many names (parent + name) an inode remembers for finding it again without an fd.
+const MAX_NAMES: usize = 4;
 
 /// A backing id registered with the kernel for passthrough (fuser's `BackingId`, type-erased
 /// so the core stays fuser-free). Dropping the last reference closes it.
@@ -90,7 +94,9 @@ pub struct Inode {
     /// `st_mode & S_IFMT`.
     pub fmt: u32,
     lookups: AtomicU64,
-    loc: Mutex<Option<Location>>,
+    /// Names the inode is known under (most recent first, at most [`MAX_NAMES`]): hard
+    /// links give it several, and a removed one must not make it unreachable.
+    locs: Mutex<Vec<Location>>,
     open: Mutex<OpenState>,
 }
 
@@ -104,17 +110,40 @@ impl std::fmt::Debug for Inode {
 }
 
 impl Inode {
+    /// Records `parent/name` as the most recent name of this inode.
     fn set_location(&self, parent: &Arc<Inode>, name: &CStr) {
-        let mut loc = self.loc.lock();
-        match &mut *loc {
-            Some(l) if l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name => {}
-            _ => {
-                *loc = Some(Location {
-                    parent: Arc::clone(parent),
-                    name: name.to_owned(),
-                })
-            }
+        let mut locs = self.locs.lock();
+        if let Some(first) = locs.first()
+            && first.parent.nodeid == parent.nodeid
+            && first.name.as_c_str() == name
+        {
+            return;
         }
+        locs.retain(|l| !(l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name));
+        locs.insert(
+            0,
+            Location {
+                parent: Arc::clone(parent),
+                name: name.to_owned(),
+            },
+        );
+        locs.truncate(MAX_NAMES);
+    }
+
+    /// Forgets the name `parent/name` (renamed away).
+    fn remove_location(&self, parent: u64, name: &CStr) {
+        self.locs
+            .lock()
+            .retain(|l| !(l.parent.nodeid == parent && l.name.as_c_str() == name));
+    }
+
+    /// The remembered names, most recent first.
+    fn locations(&self) -> Vec<(Arc<Inode>, CString)> {
+        self.locs
+            .lock()
+            .iter()
+            .map(|l| (Arc::clone(&l.parent), l.name.clone()))
+            .collect()
     }
 
     fn open_fd(&self) -> Option<Arc<OwnedFd>> {
@@ -126,9 +155,9 @@ impl Inode {
     pub fn path(&self) -> PathBuf {
         let mut parts: Vec<CString> = Vec::new();
         let mut cur = self
-            .loc
+            .locs
             .lock()
-            .as_ref()
+            .first()
             .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         let mut depth = 0;
         while let Some((parent, name)) = cur {
@@ -138,9 +167,9 @@ impl Inode {
                 break;
             }
             cur = parent
-                .loc
+                .locs
                 .lock()
-                .as_ref()
+                .first()
                 .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         }
         let mut p = PathBuf::new();
@@ -371,7 +400,7 @@ impl Fs {
             key: InodeKey::of(&st),
             fmt: st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            loc: Mutex::new(None),
+            locs: Mutex::new(Vec::new()),
             open: Mutex::new(OpenState::default()),
         });
         let mut inodes = Inodes::default();
@@ -457,22 +486,47 @@ impl Fs {
         if let Some(fd) = inode.open_fd() {
             return Ok(fd);
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let fd = sys::openat(pfd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)
-            .map_err(|e| self.lower_err(e))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
+        let fd = self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let fd = sys::openat(pfd.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+                .map_err(|e| self.lower_err(e))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(fd)
+        })?;
         let fd = Arc::new(fd);
         let evicted = self.fd_cache.lock().push(inode.nodeid, Arc::clone(&fd));
         drop(evicted); // closes outside the lock
         Ok(fd)
+    }
+
+    /// Runs `f` on the inode's remembered names in turn (most recent first) until one
+    /// answers: a name that is gone (`ENOENT`) or now names another inode (`ESTALE`) is
+    /// skipped, and forgotten once another name answered (a hard link whose other name was
+    /// removed or renamed). The last such error when none answers (`ESTALE` when there is no
+    /// name); any other error at once.
+    fn by_name<T>(
+        &self,
+        inode: &Arc<Inode>,
+        mut f: impl FnMut(&Arc<Inode>, &CStr) -> Result<T>,
+    ) -> Result<T> {
+        let names = inode.locations();
+        let mut last = Error::from(Kind::Stale);
+        for (i, (parent, name)) in names.iter().enumerate() {
+            match f(parent, name) {
+                Ok(v) => {
+                    for (p, n) in &names[..i] {
+                        inode.remove_location(p.nodeid, n);
+                    }
+                    return Ok(v);
+                }
+                Err(e) if matches!(e.kind, Kind::Stale | Kind::Lower(Errno::ENOENT)) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
     }
 
     /// Attributes of `inode` without allocating an fd when it has none: `fstatat` through its
@@ -490,17 +544,14 @@ impl Fs {
         if let Some(fd) = cached {
             return sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e));
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let st = sys::fstatat(pfd.as_fd(), &name).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
-        Ok(st)
+        self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let st = sys::fstatat(pfd.as_fd(), name).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(st)
+        })
     }
 
     /// Finds or creates the inode for `st` at `parent/name` and takes one lookup reference.
@@ -545,10 +596,10 @@ impl Fs {
             key,
             fmt: st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            loc: Mutex::new(Some(Location {
+            locs: Mutex::new(vec![Location {
                 parent: Arc::clone(parent),
                 name: name.to_owned(),
-            })),
+            }]),
             open: Mutex::new(OpenState::default()),
         });
         map.by_id.insert(nodeid, inode);
@@ -818,10 +869,12 @@ impl Fs {
         };
         sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags)
             .map_err(|e| self.lower_err(e))?;
-        if let Some(m) = moved {
+        if let Some(m) = &moved {
+            m.remove_location(parent.nodeid, &name);
             m.set_location(&newparent, &newname);
         }
         if let Some(x) = exchanged {
+            x.remove_location(newparent.nodeid, &newname);
             x.set_location(&parent, &name);
         }
         Ok(())
@@ -991,18 +1044,15 @@ impl Fs {
             return sys::reopen(fd.as_fd(), lflags & !libc::O_NOFOLLOW)
                 .map_err(|e| self.lower_err(e));
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let fd = sys::openat(pfd.as_fd(), &name, lflags, 0).map_err(|e| self.lower_err(e))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
-        Ok(fd)
+        self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let fd = sys::openat(pfd.as_fd(), name, lflags, 0).map_err(|e| self.lower_err(e))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(fd)
+        })
     }
 
     /// CREATE: creates and opens `parent/name` as the caller; passthrough as for [`Fs::open`].
