@@ -1138,13 +1138,39 @@ impl Fs {
         let h = self.handle(nodeid, fh)?;
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
-            self.acct.lower_flush_errors.fetch_add(1, Relaxed);
-            let mut f = self.failed_flushes.lock();
-            if f.len() < 64 {
-                f.push(format!("{}: {e}", h.inode.path().display()));
-            }
+            self.record_failed_flush(&h.inode, e, "flush");
             self.lower_err(e)
         })
+    }
+
+    /// Counts a failed lower flush (metric, log line with the path, the summary's list).
+    fn record_failed_flush(&self, inode: &Inode, e: Errno, when: &'static str) {
+        self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+        let path = inode.path();
+        tracing::warn!(path = %path.display(), error = %e, when, "the lower's flush failed");
+        let mut f = self.failed_flushes.lock();
+        if f.len() < 64 {
+            f.push(format!("{}: {e}", path.display()));
+        }
+    }
+
+    /// Closes the lower fd of a handle that is no longer in the table and returns the
+    /// lower's answer: an explicit `close` when this was the last reference to the fd, else
+    /// `close(dup(fd))` (a request still holding the handle closes the fd when it finishes).
+    /// The handle's accounting guard is dropped after the close, so the handle counts as open
+    /// until the lower has answered.
+    fn close_handle(h: Arc<Handle>) -> std::result::Result<(), Errno> {
+        match Arc::try_unwrap(h) {
+            Ok(Handle { fd, guard, .. }) => {
+                let r = match Arc::try_unwrap(fd) {
+                    Ok(fd) => sys::close(fd),
+                    Err(fd) => sys::flush(fd.as_fd()),
+                };
+                drop(guard);
+                r
+            }
+            Err(h) => sys::flush(h.fd.as_fd()),
+        }
     }
 
     /// Paths whose FLUSH failed (capped at 64), for the shutdown summary.
@@ -1163,7 +1189,11 @@ impl Fs {
     }
 
     /// RELEASE / RELEASEDIR: forgets the fh and closes the lower fd (the lower's RELEASE);
-    /// the inode's backing id is dropped with its last passthrough open.
+    /// the inode's backing id is dropped with its last passthrough open. The lower's close
+    /// can fail (an upload started by writes through a mapping after the application's
+    /// `close()`): for a writable file that is a failed flush ([`Fs::failed_flushes`], the
+    /// lower flush error count, a warning with the path); the kernel ignores RELEASE errors,
+    /// so this returns `Ok` all the same.
     ///
     /// # Errors
     /// `EBADF` for an unknown fh.
@@ -1196,7 +1226,18 @@ impl Fs {
         };
         drop(backing_to_drop);
         let _call = self.acct.lower_call(LowerCall::Release);
-        drop(h);
+        let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+        let inode = Arc::clone(&h.inode);
+        if let Err(e) = Self::close_handle(h) {
+            if writable {
+                self.record_failed_flush(&inode, e, "release");
+            } else {
+                tracing::debug!(path = %inode.path().display(), error = %e, "the lower's close of a read-only handle failed");
+            }
+            if Error::lower(e).is_lower_disconnect() {
+                self.admission.set_lower_gone();
+            }
+        }
         Ok(())
     }
 
@@ -1469,26 +1510,31 @@ impl Fs {
             .collect()
     }
 
-    /// Closes every remaining lower fd (teardown after unmount, or at the deadline): flushes
-    /// each writable one first so the lower uploads what it can. Returns the paths whose
-    /// flush failed.
+    /// Closes every remaining handle's lower fd (teardown after unmount, or at the deadline);
+    /// the close is the lower's flush, so the lower uploads what it can. Returns the paths of
+    /// writable handles whose close failed (also counted as lower flush errors).
     pub fn close_all(&self) -> Vec<String> {
         let handles: Vec<Arc<Handle>> = self.handles.write().drain().map(|(_, h)| h).collect();
         let mut failed = Vec::new();
         for h in handles {
-            if let HandleKind::File { writable: true, .. } = h.kind {
-                let _call = self.acct.lower_call(LowerCall::Flush);
-                if let Err(e) = sys::flush(h.fd.as_fd()) {
-                    failed.push(format!("{}: {}", h.inode.path().display(), e));
-                }
-            }
             {
                 let mut st = h.inode.open.lock();
                 st.fds.clear();
                 st.backing = None;
             }
-            let _call = self.acct.lower_call(LowerCall::Release);
-            drop(h);
+            let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+            let inode = Arc::clone(&h.inode);
+            let _call = self.acct.lower_call(if writable {
+                LowerCall::Flush
+            } else {
+                LowerCall::Release
+            });
+            if let Err(e) = Self::close_handle(h)
+                && writable
+            {
+                self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+                failed.push(format!("{}: {e}", inode.path().display()));
+            }
         }
         self.fd_cache.lock().clear();
         failed

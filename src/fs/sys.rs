@@ -212,6 +212,15 @@ pub fn flush(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     cvt(unsafe { libc::close(dup) }).map(drop)
 }
 
+/// `close(fd)` with its result: closing a lower fd is the lower's FLUSH (and, for the last
+/// reference, its RELEASE), so this is where an upload started by late writes reports its
+/// error. The fd is closed whatever the result (Linux never keeps it open after close).
+pub fn close(fd: OwnedFd) -> Result<(), Errno> {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: we own `fd` and close it exactly once.
+    cvt(unsafe { libc::close(fd.into_raw_fd()) }).map(drop)
+}
+
 /// `fsync` or `fdatasync`.
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> Result<(), Errno> {
     // SAFETY: plain syscall on a valid fd.
