@@ -373,6 +373,7 @@ fn a_lazy_unmount_still_lets_the_lower_stop_cleanly(mode: &str) {
     s.touch_exit_file();
     let code = s.wait_exit(Duration::from_secs(30));
     let took = t0.elapsed();
+    eprintln!("{mode}: drainfs exited {took:?} after the exit file");
     let _ = holder.kill();
     let _ = holder.wait();
     assert_eq!(code, 0, "{}", s.m.proc.stderr_text());

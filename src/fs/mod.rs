@@ -227,6 +227,7 @@ impl Handle {
 pub struct Admission {
     closed: AtomicBool,
     lower_gone: AtomicBool,
+    fds_closed: AtomicBool,
     /// Signalled once when an operation first sees the lower's connection gone.
     pub lower_gone_notify: tokio::sync::Notify,
 }
@@ -259,10 +260,23 @@ impl Admission {
         self.lower_gone.load(Relaxed)
     }
 
+    /// Marks drainfs's lower fds as closed ([`Fs::close_lower_fds`]): every operation fails
+    /// with `EIO` from now on.
+    fn close_fds(&self) {
+        self.fds_closed.store(true, SeqCst);
+    }
+
+    /// Whether drainfs's lower fds are closed.
+    pub fn fds_closed(&self) -> bool {
+        self.fds_closed.load(SeqCst)
+    }
+
     #[inline]
     fn check_alive(&self) -> Result<()> {
         if self.lower_gone.load(Relaxed) {
             Err(Kind::LowerGone.into())
+        } else if self.fds_closed.load(Relaxed) {
+            Err(Kind::Closed.into())
         } else {
             Ok(())
         }
@@ -289,7 +303,8 @@ pub struct CoreConfig {
 /// The passthrough filesystem core.
 pub struct Fs {
     root: Arc<Inode>,
-    root_fd: Arc<OwnedFd>,
+    /// The lower root's fd; `None` once [`Fs::close_lower_fds`] ran.
+    root_fd: RwLock<Option<Arc<OwnedFd>>>,
     inodes: RwLock<Inodes>,
     next_nodeid: AtomicU64,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
@@ -409,7 +424,7 @@ impl Fs {
         let cap = NonZeroUsize::new(cfg.max_lower_fds.max(16)).expect("max(16) is non-zero");
         Ok(Fs {
             root,
-            root_fd: Arc::new(root_fd),
+            root_fd: RwLock::new(Some(Arc::new(root_fd))),
             inodes: RwLock::new(inodes),
             next_nodeid: AtomicU64::new(ROOT_ID + 1),
             handles: RwLock::new(HashMap::new()),
@@ -434,6 +449,33 @@ impl Fs {
         self.fd_cache.lock().len()
     }
 
+    /// The lower root's fd.
+    ///
+    /// # Errors
+    /// `EIO` ([`Kind::Closed`]) once [`Fs::close_lower_fds`] ran.
+    fn root_fd(&self) -> Result<Arc<OwnedFd>> {
+        self.root_fd
+            .read()
+            .clone()
+            .ok_or_else(|| Kind::Closed.into())
+    }
+
+    /// Puts a new handle in the table, unless the lower fds are closed (then the handle and
+    /// its fd are dropped here and the open fails with `EIO`).
+    fn insert_handle(&self, fh: u64, handle: Handle) -> Result<()> {
+        let mut handles = self.handles.write();
+        // Checked under the table's lock, which `close_lower_fds` takes after setting it.
+        if self.admission.fds_closed() {
+            drop(handles);
+            let mut st = handle.inode.open.lock();
+            st.opens = st.opens.saturating_sub(1);
+            st.fds.retain(|(f, _)| *f != fh);
+            return Err(Kind::Closed.into());
+        }
+        handles.insert(fh, Arc::new(handle));
+        Ok(())
+    }
+
     fn inode(&self, nodeid: u64) -> Result<Arc<Inode>> {
         if nodeid == ROOT_ID {
             return Ok(Arc::clone(&self.root));
@@ -449,8 +491,11 @@ impl Fs {
     /// The handle `fh`, checked to belong to `nodeid`.
     ///
     /// # Errors
-    /// `EBADF` for an unknown fh or one of another inode.
+    /// `EBADF` for an unknown fh or one of another inode; `EIO` once the lower fds are closed.
     pub fn handle(&self, nodeid: u64, fh: u64) -> Result<Arc<Handle>> {
+        if self.admission.fds_closed() {
+            return Err(Kind::Closed.into());
+        }
         let h = self
             .handles
             .read()
@@ -478,7 +523,7 @@ impl Fs {
     /// handle's fd, or a fresh O_PATH open through the inode's location (verified, then cached).
     fn inode_fd(&self, inode: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
         if inode.nodeid == ROOT_ID {
-            return Ok(Arc::clone(&self.root_fd));
+            return self.root_fd();
         }
         if let Some(fd) = self.fd_cache.lock().get(&inode.nodeid) {
             return Ok(Arc::clone(fd));
@@ -497,7 +542,14 @@ impl Fs {
             Ok(fd)
         })?;
         let fd = Arc::new(fd);
-        let evicted = self.fd_cache.lock().push(inode.nodeid, Arc::clone(&fd));
+        let evicted = {
+            let mut cache = self.fd_cache.lock();
+            // Checked under the cache lock, which `close_lower_fds` takes after setting it.
+            if self.admission.fds_closed() {
+                return Err(Kind::Closed.into());
+            }
+            cache.push(inode.nodeid, Arc::clone(&fd))
+        };
         drop(evicted); // closes outside the lock
         Ok(fd)
     }
@@ -533,7 +585,7 @@ impl Fs {
     /// location, verified against its key.
     fn stat_inode(&self, inode: &Arc<Inode>) -> Result<Stat> {
         let cached = if inode.nodeid == ROOT_ID {
-            Some(Arc::clone(&self.root_fd))
+            Some(self.root_fd()?)
         } else {
             self.fd_cache
                 .lock()
@@ -988,7 +1040,7 @@ impl Fs {
             flags,
             guard,
         };
-        self.handles.write().insert(fh, Arc::new(handle));
+        self.insert_handle(fh, handle)?;
         Ok(Opened { fh, backing })
     }
 
@@ -1196,8 +1248,12 @@ impl Fs {
     /// so this returns `Ok` all the same.
     ///
     /// # Errors
-    /// `EBADF` for an unknown fh.
+    /// `EBADF` for an unknown fh; `EIO` once the lower fds are closed (the handle's fd is
+    /// already closed then).
     pub fn release(&self, nodeid: u64, fh: u64) -> Result<()> {
+        if self.admission.fds_closed() {
+            return Err(Kind::Closed.into());
+        }
         let h = {
             let mut handles = self.handles.write();
             match handles.get(&fh) {
@@ -1264,7 +1320,7 @@ impl Fs {
             flags,
             guard: self.acct.handle(HandleMode::Dir),
         };
-        self.handles.write().insert(fh, Arc::new(handle));
+        self.insert_handle(fh, handle)?;
         Ok(fh)
     }
 
@@ -1358,7 +1414,7 @@ impl Fs {
     /// The lower's errno.
     pub fn statfs(&self) -> Result<libc::statvfs> {
         self.admission.check_alive()?;
-        sys::fstatvfs(self.root_fd.as_fd()).map_err(|e| self.lower_err(e))
+        sys::fstatvfs(self.root_fd()?.as_fd()).map_err(|e| self.lower_err(e))
     }
 
     /// ACCESS (only sent without default_permissions): existence and the lower's answer for
@@ -1537,6 +1593,34 @@ impl Fs {
             }
         }
         self.fd_cache.lock().clear();
+        failed
+    }
+}
+
+impl Fs {
+    /// Closes every lower fd drainfs holds, even while the core is still referenced (a FUSE
+    /// session that cannot end because the mount was detached lazily and is still in use):
+    /// each open handle's fd (its close is the lower's flush, as in [`Fs::close_all`]), the
+    /// O_PATH cache and the root's fd. The lower can then unmount. From then on every
+    /// operation fails with `EIO` ([`Kind::Closed`]); fds are only ever reached through
+    /// `Arc`s taken from the tables, so no closed fd number is used again (a request that
+    /// holds one finishes with it, and the fd closes when it lets go). Idempotent. Returns the
+    /// paths of writable handles whose close failed.
+    pub fn close_lower_fds(&self) -> Vec<String> {
+        self.admission.close_fds();
+        let failed = self.close_all();
+        let cached: Vec<_> = {
+            let mut cache = self.fd_cache.lock();
+            std::iter::from_fn(|| cache.pop_lru()).collect()
+        };
+        drop(cached);
+        let inodes: Vec<Arc<Inode>> = self.inodes.read().by_id.values().cloned().collect();
+        for inode in inodes {
+            let mut st = inode.open.lock();
+            st.fds.clear();
+            st.backing = None;
+        }
+        drop(self.root_fd.write().take());
         failed
     }
 }

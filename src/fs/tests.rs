@@ -498,3 +498,47 @@ fn a_forget_between_lookups_never_drops_a_reference_the_kernel_holds() {
         libc::ESTALE
     );
 }
+
+/// Lower fds of the process that point into `dir`.
+fn fds_into(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
+        .count()
+}
+
+#[test]
+fn close_lower_fds_closes_everything_and_later_calls_fail_with_eio() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("d")).unwrap();
+    let fs = fs_on(&root, 64);
+    let (e, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e.nodeid, fh, 0, b"data", None).unwrap();
+    let d = fs.lookup(ROOT_ID, OsStr::new("d")).unwrap();
+    fs.getattr(d.nodeid, None).unwrap();
+    fs.readlink(d.nodeid).unwrap_err(); // caches an O_PATH fd for d
+    assert!(fds_into(&root) >= 2, "root fd, handle fd, O_PATH fd");
+    assert!(fs.close_lower_fds().is_empty());
+    assert_eq!(fds_into(&root), 0, "every lower fd is closed");
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"data");
+    let eio = |r: Result<()>| assert_eq!(r.unwrap_err().raw_errno(), libc::EIO);
+    eio(fs.lookup(ROOT_ID, OsStr::new("f")).map(drop));
+    eio(fs.getattr(e.nodeid, None).map(drop));
+    eio(fs.getattr(ROOT_ID, None).map(drop));
+    eio(fs.read(e.nodeid, fh, 0, &mut [0; 4]).map(drop));
+    eio(fs.write(e.nodeid, fh, 0, b"x", None).map(drop));
+    eio(fs.flush(e.nodeid, fh));
+    eio(fs.release(e.nodeid, fh));
+    eio(fs
+        .open(e.nodeid, libc::O_RDONLY, Caller::ROOT, None)
+        .map(drop));
+    eio(fs.opendir(ROOT_ID, 0).map(drop));
+    eio(fs.statfs().map(drop));
+    eio(fs
+        .mkdir(ROOT_ID, OsStr::new("x"), 0o755, Caller::ROOT)
+        .map(drop));
+    assert!(fs.close_lower_fds().is_empty(), "idempotent");
+    assert_eq!(fds_into(&root), 0);
+}
