@@ -157,9 +157,9 @@ fn o_trunc_by_an_unprivileged_owner_clears_set_user_id(mode: &str) {
     );
     let got = trunc_scenario(&m.path(""));
     assert_eq!(got, want, "through the mount");
-    for i in 0..want.len() {
+    for (i, w) in want.iter().enumerate() {
         let l = fs::metadata(m.lower_path(&format!("t{i}"))).unwrap().mode() & 0o7777;
-        assert_eq!(l, want[i], "t{i} on the lower");
+        assert_eq!(l, *w, "t{i} on the lower");
     }
 }
 
