@@ -1085,6 +1085,9 @@ impl Runner {
                 self.failed_flushes.extend(failed);
             }
         }
+        let c = Arc::clone(&core);
+        self.failed_flushes
+            .extend(blocking(move || c.close_lower_fds()).await);
         self.failed_flushes.extend(core.failed_flushes());
         // Close every lower fd drainfs holds (the root's and the O_PATH cache) by dropping the
         // core: the fuser session released its reference when it ended. A lower fd left open
