@@ -1085,13 +1085,20 @@ impl Runner {
                 self.failed_flushes.extend(failed);
             }
         }
+        // Close every lower fd drainfs holds (handles, the root's, the O_PATH cache), even if a
+        // lazily detached session still references the core: a lower fd left open would make
+        // the lower's own unmount fail with EBUSY (gcsfuse then keeps running).
         let c = Arc::clone(&core);
-        self.failed_flushes
-            .extend(blocking(move || c.close_lower_fds()).await);
+        match self
+            .bounded(|b| b.close_remaining, blocking(move || c.close_lower_fds()))
+            .await
+        {
+            Some(failed) => self.failed_flushes.extend(failed),
+            None => self
+                .notes
+                .push("closing drainfs's lower fds did not finish within its budget".into()),
+        }
         self.failed_flushes.extend(core.failed_flushes());
-        // Close every lower fd drainfs holds (the root's and the O_PATH cache) by dropping the
-        // core: the fuser session released its reference when it ended. A lower fd left open
-        // would make the lower's own unmount fail with EBUSY (gcsfuse then keeps running).
         self.shared.inner.lock().fs = None;
         let refs = Arc::strong_count(&core);
         drop(core);
