@@ -403,6 +403,7 @@ struct Runner {
     machine: Machine,
     timings: Timings,
     open_at_force: Vec<String>,
+    opens_at_force: Vec<String>,
     failed_flushes: Vec<String>,
     lower_exit: Option<String>,
     lower_stop: Option<LowerStop>,
@@ -445,6 +446,7 @@ pub async fn run(
         machine,
         timings: Timings::default(),
         open_at_force: Vec::new(),
+        opens_at_force: Vec::new(),
         failed_flushes: Vec::new(),
         lower_exit: None,
         lower_stop: None,
@@ -773,10 +775,11 @@ impl Runner {
                         let out = self.machine.outstanding_at_force().unwrap_or_default();
                         self.open_at_force =
                             core.open_paths(100).into_iter().map(|(p, _)| p).collect();
+                        self.opens_at_force = core.admitted_paths(100);
                         if !out.is_idle() {
                             *self.shared.forced.lock().entry(reason).or_default() += 1;
                         }
-                        tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, "forcing the teardown");
+                        tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, opening = ?self.opens_at_force, "forcing the teardown");
                     } else {
                         self.shared.inner.lock().drain_duration = self
                             .machine
@@ -1147,6 +1150,7 @@ impl Runner {
             timings: self.timings.clone(),
             outstanding_at_force: self.machine.outstanding_at_force(),
             open_paths: self.open_at_force.clone(),
+            in_flight_opens: self.opens_at_force.clone(),
             failed_flushes: self.failed_flushes.clone(),
             counts: summary::Counts::from(acct.as_ref()),
             notes: self.notes.clone(),

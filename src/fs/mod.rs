@@ -19,7 +19,7 @@ pub mod sys;
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -295,6 +295,18 @@ impl Admission {
     }
 }
 
+/// An admitted open or create in flight (see [`Fs::admit`]); unlisted on drop.
+struct Admitted<'a> {
+    fs: &'a Fs,
+    token: u64,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.fs.admitted.lock().remove(&self.token);
+    }
+}
+
 /// Configuration of the core (the subset of [`crate::config::FsConfig`] it needs).
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -315,6 +327,10 @@ pub struct Fs {
     failed_flushes: Mutex<Vec<String>>,
     /// Nodeids handed out as READDIR `d_ino` before any LOOKUP (see [`Fs::dirent_nodeid`]).
     reserved: Mutex<lru::LruCache<InodeKey, u64>>,
+    /// Admitted opens and creates in flight: token -> (nodeid, name under it), for naming
+    /// them in the summary of a forced teardown.
+    admitted: Mutex<HashMap<u64, (u64, Option<OsString>)>>,
+    next_admitted: AtomicU64,
     /// Counters shared with the lifecycle and metrics.
     pub acct: Arc<Accounting>,
     /// Shutdown gate shared with the lifecycle.
@@ -436,9 +452,47 @@ impl Fs {
             reserved: Mutex::new(lru::LruCache::new(
                 NonZeroUsize::new(RESERVED_NODEIDS).expect("non-zero"),
             )),
+            admitted: Mutex::new(HashMap::new()),
+            next_admitted: AtomicU64::new(0),
             acct,
             admission,
         })
+    }
+
+    /// Admits an open or create of `name` under `nodeid` (or of `nodeid` itself): `ESHUTDOWN`
+    /// once the door is closed. The guard keeps it listed in [`Fs::admitted_paths`] until the
+    /// request ends.
+    fn admit(&self, nodeid: u64, name: Option<&OsStr>) -> Result<Admitted<'_>> {
+        // Listed before the door is checked: whoever reads the list after closing the door
+        // sees every request that got past it.
+        let token = self.next_admitted.fetch_add(1, Relaxed);
+        self.admitted
+            .lock()
+            .insert(token, (nodeid, name.map(OsStr::to_os_string)));
+        let admitted = Admitted { fs: self, token };
+        self.admission.check_admit()?;
+        Ok(admitted)
+    }
+
+    /// Paths of the opens and creates admitted and still in flight (at most `cap`), for the
+    /// summary of a forced teardown.
+    pub fn admitted_paths(&self, cap: usize) -> Vec<String> {
+        let list: Vec<(u64, Option<OsString>)> =
+            self.admitted.lock().values().take(cap).cloned().collect();
+        list.into_iter()
+            .map(|(nodeid, name)| {
+                let base = self.inode(nodeid).map_or_else(
+                    |_| PathBuf::from(format!("<nodeid {nodeid}>")),
+                    |i| i.path(),
+                );
+                match name {
+                    Some(n) => base.join(n),
+                    None => base,
+                }
+                .display()
+                .to_string()
+            })
+            .collect()
     }
 
     /// Number of inodes known (including the root).
@@ -821,7 +875,7 @@ impl Fs {
         rdev: u32,
         caller: Caller,
     ) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
@@ -838,7 +892,7 @@ impl Fs {
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
@@ -860,7 +914,7 @@ impl Fs {
         target: &Path,
         caller: Caller,
     ) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let target = cname(target.as_os_str())?;
@@ -939,7 +993,7 @@ impl Fs {
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
     pub fn link(&self, nodeid: u64, newparent: u64, newname: &OsStr) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(newparent, Some(newname))?;
         let inode = self.inode(nodeid)?;
         let newparent = self.inode(newparent)?;
         let newname = cname(newname)?;
@@ -1063,7 +1117,7 @@ impl Fs {
         caller: Caller,
         register: RegisterBacking<'_>,
     ) -> Result<Opened> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(nodeid, None)?;
         let inode = self.inode(nodeid)?;
         let lflags = Self::lower_open_flags(flags);
         let fd = self.open_inode(&inode, lflags)?;
@@ -1123,7 +1177,7 @@ impl Fs {
         caller: Caller,
         register: RegisterBacking<'_>,
     ) -> Result<(Entry, Opened)> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
