@@ -86,8 +86,12 @@ impl DrainFs {
 /// Whether the calling thread has CAP_SYS_ADMIN in its effective set (needed for
 /// `FUSE_DEV_IOC_BACKING_OPEN`); false when `capget` fails.
 pub fn has_cap_sys_admin() -> bool {
-    caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_ADMIN)
-        .unwrap_or(false)
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    )
+    .unwrap_or(false)
 }
 
 /// Who sent a request that creates an inode (credentials are switched to it on the lower).

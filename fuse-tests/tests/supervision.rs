@@ -58,12 +58,12 @@ fn unexecutable_lower_command_exits_69_every_time() {
                 no_wait: true,
             },
         );
-        let st = m.proc.wait_timeout(Duration::from_secs(20)).unwrap_or_else(|| {
-            panic!(
-                "run {run}: drainfs did not exit:\n{}",
-                m.proc.stderr_text()
-            )
-        });
+        let st = m
+            .proc
+            .wait_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|| {
+                panic!("run {run}: drainfs did not exit:\n{}", m.proc.stderr_text())
+            });
         assert_eq!(
             st.code(),
             Some(69),
@@ -126,7 +126,12 @@ fn non_root_drainfs_mounts_every_time() {
     for run in 0..RUNS {
         let (dir, lower, mnt) = layout();
         std::fs::write(lower.join("hello"), b"hello from the lower\n").unwrap();
-        for p in [dir.path(), lower.as_path(), mnt.as_path(), &lower.join("hello")] {
+        for p in [
+            dir.path(),
+            lower.as_path(),
+            mnt.as_path(),
+            &lower.join("hello"),
+        ] {
             std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
         }
         let ready = dir.path().join("ready");
@@ -172,9 +177,9 @@ fn non_root_drainfs_mounts_every_time() {
             "run {run}"
         );
         std::fs::write(dir.path().join("exit"), b"").unwrap();
-        let st = p.wait_timeout(Duration::from_secs(20)).unwrap_or_else(|| {
-            panic!("run {run}: drainfs did not exit:\n{}", p.stderr_text())
-        });
+        let st = p
+            .wait_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("run {run}: drainfs did not exit:\n{}", p.stderr_text()));
         assert_eq!(
             st.code(),
             Some(0),
@@ -280,7 +285,10 @@ fn children(pid: i32) -> Vec<(i32, String, char)> {
         .flatten()
     {
         let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for c in list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+        for c in list
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) else {
                 continue;
             };
