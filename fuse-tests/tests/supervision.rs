@@ -106,8 +106,8 @@ impl FuseAccess {
     }
 }
 
-/// Runs drainfs as `nobody` in a private mount namespace (`/dev/fuse` usable by all,
-/// `user_allow_other` set). The shell exits with drainfs's status, or 91 when drainfs's
+/// Runs drainfs as `nobody` (a child of the shell, so not PID 1) in a private mount namespace
+/// (`/dev/fuse` usable by all, `user_allow_other` set). The shell exits with drainfs's status, or 91 when drainfs's
 /// mount is still there after it exited, or 90 when the namespace could not be set up.
 const NON_ROOT_SCRIPT: &str = r#"
 access="$1"; drainfs="$2"; dir="$3"
@@ -140,6 +140,8 @@ fn non_root_drainfs_mounts_every_time() {
             "--mount",
             "--propagation",
             "private",
+            "--pid",
+            "--mount-proc",
             "--fork",
             "--kill-child",
             "sh",
@@ -153,8 +155,9 @@ fn non_root_drainfs_mounts_every_time() {
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-        // Killing `unshare` kills the shell, and the namespace (and any mount in it) goes with
-        // the last process in it.
+        // The shell is PID 1 of its own PID namespace: killing `unshare` kills the shell and so
+        // every process in there, and the mount namespace (and any mount in it) goes with
+        // them.
         let mut p = Proc::spawn(cmd);
         let served = wait_until(Duration::from_secs(20), || {
             ready.exists() || p.child.try_wait().ok().flatten().is_some()
