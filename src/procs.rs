@@ -11,9 +11,9 @@
 //!   `fusermount3`, `Command::output` waits for its child. drainfs does not touch them.
 //! - Orphans: when drainfs is PID 1 of its PID namespace or a child subreaper, the kernel
 //!   re-parents orphaned descendants to it and nobody else will collect them. [`reap`] lists
-//!   drainfs's zombie children ([`zombie_children`]) and collects each one that is not owned
+//!   drainfs's zombie children (`zombie_children`) and collects each one that is not owned
 //!   and that nobody collected within [`ORPHAN_GRACE`] of drainfs first seeing it
-//!   ([`orphans_to_reap`]); std and fuser collect their children as soon as those exit. When
+//!   (`orphans_to_reap`); std and fuser collect their children as soon as those exit. When
 //!   drainfs is neither PID 1 nor a subreaper, nothing can be re-parented to it, every child it
 //!   does not own has another collector, and it does not look for orphans.
 //!
@@ -100,7 +100,7 @@ fn collect(t: &mut Table, pid: i32) {
 }
 
 /// Collects exited owned children and, when drainfs adopts orphans, the orphans due
-/// ([`orphans_to_reap`]). Called by the signal thread on SIGCHLD and when the returned time
+/// (`orphans_to_reap`). Called by the signal thread on SIGCHLD and when the returned time
 /// comes: the earliest time a zombie seen now becomes due, if any.
 pub fn reap() -> Option<Instant> {
     reap_as(adopts_orphans())
@@ -149,27 +149,27 @@ fn adopts_orphans() -> bool {
 /// A zombie child: its pid, and its start time in clock ticks after boot (`/proc/PID/stat`
 /// field 22; 0 when unknown), which tells a reused pid from the process first seen under it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct Zombie {
+pub(crate) struct Zombie {
     /// Its pid in drainfs's PID namespace.
-    pub pid: i32,
+    pub(crate) pid: i32,
     /// Its start time (clock ticks after boot), 0 when unknown.
-    pub start: u64,
+    pub(crate) start: u64,
 }
 
-/// What [`orphans_to_reap`] decided.
+/// What `orphans_to_reap` decided.
 #[derive(Debug, PartialEq, Eq)]
-pub struct OrphanPlan {
+pub(crate) struct OrphanPlan {
     /// Pids to collect now.
-    pub reap: Vec<i32>,
+    pub(crate) reap: Vec<i32>,
     /// When the earliest zombie still in its grace becomes due; `None` when none is waiting.
-    pub recheck_at: Option<Instant>,
+    pub(crate) recheck_at: Option<Instant>,
 }
 
 /// Decides which zombie children to collect as orphans at `now`: those not owned (`owned`)
 /// that have been zombies for at least `grace` since first seen. `seen` holds the first-seen
 /// times between calls; entries of zombies no longer listed (collected by their owner) or
 /// owned are dropped, new zombies are added with `now`, and those returned are removed.
-pub fn orphans_to_reap(
+pub(crate) fn orphans_to_reap(
     owned: impl Fn(i32) -> bool,
     zombies: &[Zombie],
     seen: &mut HashMap<Zombie, Instant>,
@@ -203,7 +203,7 @@ pub fn orphans_to_reap(
 /// kernel has no `children` files. When `/proc` belongs to another PID namespace (its `self` is
 /// not our pid), from a `waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT)` peek, which shows one
 /// zombie at a time: an orphan behind a zombie in its grace waits for that one.
-pub fn zombie_children() -> Vec<Zombie> {
+pub(crate) fn zombie_children() -> Vec<Zombie> {
     let me = nix::unistd::getpid().as_raw();
     let ours = std::fs::read_link("/proc/self").is_ok_and(|l| l.as_os_str() == &*me.to_string());
     if !ours {
@@ -258,7 +258,7 @@ fn peek() -> Vec<Zombie> {
     }
 }
 
-/// The fields of `/proc/PID/stat` that [`zombie_children`] reads.
+/// The fields of `/proc/PID/stat` that `zombie_children` reads.
 #[derive(Debug, PartialEq, Eq)]
 struct Stat {
     state: char,
