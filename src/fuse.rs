@@ -83,18 +83,15 @@ impl DrainFs {
     }
 }
 
-/// Whether this process has CAP_SYS_ADMIN in its effective set (needed for
-/// `FUSE_DEV_IOC_BACKING_OPEN`).
+/// Whether the calling thread has CAP_SYS_ADMIN in its effective set (needed for
+/// `FUSE_DEV_IOC_BACKING_OPEN`); false when `capget` fails.
 pub fn has_cap_sys_admin() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    )
+    .unwrap_or(false)
 }
 
 /// Who sent a request that creates an inode (credentials are switched to it on the lower).
