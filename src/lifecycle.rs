@@ -508,6 +508,10 @@ struct Runner {
     lower_exit: Option<String>,
     lower_clean: bool,
     notes: Vec<String>,
+    /// The lower's FUSE mount (by mount ID): the only lower mount drainfs may remove.
+    lower_mount: Option<mount::MountInfo>,
+    /// drainfs's own mount (by mount ID), recorded right after mounting.
+    own_mount: Option<mount::MountInfo>,
 }
 
 /// Runs drainfs: supervise/adopt the lower, mount, serve, drain, tear down. Returns the exit
@@ -553,6 +557,8 @@ pub async fn run(
         lower_exit: None,
         lower_clean: true,
         notes: Vec::new(),
+        lower_mount: None,
+        own_mount: None,
     };
     let code = r.run_all(acct).await;
     r.timings.exit_ms = r.ms_since_trigger();
@@ -705,6 +711,7 @@ impl Runner {
             }
             LowerProcess::Adopted { pid } => {
                 self.lower.pid = pid;
+                self.lower_mount = mount::fuse_mount_above(&lower_path, None);
                 if let Err(e) = std::fs::metadata(&lower_path) {
                     tracing::error!(lower = %lower_path.display(), error = %e, "the lower does not answer");
                     self.lower_died = Some(format!(
@@ -734,6 +741,7 @@ impl Runner {
             }
         };
         let init = Arc::new(Mutex::new(None));
+        let mp_baseline = mount::baseline(&self.cfg.fs.mountpoint);
         let (session_done_tx, mut session_done) = oneshot::channel::<std::io::Result<()>>();
         let mounted = mount_session(
             &self.cfg,
@@ -752,6 +760,7 @@ impl Runner {
             self.stop_lower_after_failure().await;
             return EXIT_FAILURE;
         }
+        self.own_mount = mount::fuse_mount_above(&self.cfg.fs.mountpoint, mp_baseline);
         let info = init.lock().clone().unwrap_or_default();
         tracing::info!(
             mountpoint = %self.cfg.fs.mountpoint.display(),
@@ -921,11 +930,11 @@ impl Runner {
     async fn wait_lower_ready(&mut self, lower_path: &Path, before: Option<u64>) -> Option<i32> {
         let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
         loop {
-            if let Some(m) = mount::mount_at(lower_path)
-                && Some(m.id) != before
+            if let Some(m) = mount::fuse_mount_above(lower_path, before)
                 && !mount::is_dead(lower_path)
             {
-                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, "the lower is mounted");
+                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                self.lower_mount = Some(m);
                 return None;
             }
             if let Some(st) = self.lower.poll_exit() {
@@ -937,7 +946,8 @@ impl Runner {
                     tail
                 ));
                 self.lower_exit = Some(procs::describe(&st));
-                self.cleanup_lower_mount(lower_path, before).await;
+                self.cleanup_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 return Some(EXIT_LOWER_FAILED);
             }
             if self.triggered() {
@@ -945,7 +955,8 @@ impl Runner {
                     "shutdown before the lower was ready: stopping it; nothing was mounted"
                 );
                 self.stop_lower("shutdown before the lower was ready").await;
-                self.cleanup_lower_mount(lower_path, before).await;
+                self.cleanup_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 let code = if self.lower_clean {
                     EXIT_OK
                 } else {
@@ -964,7 +975,8 @@ impl Runner {
                 self.hard_exit = self.force_at;
                 self.stop_lower("the lower's mount did not appear in time")
                     .await;
-                self.cleanup_lower_mount(lower_path, before).await;
+                self.cleanup_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 return Some(EXIT_LOWER_FAILED);
             }
             tokio::select! {
@@ -974,19 +986,17 @@ impl Runner {
         }
     }
 
-    /// Unmounts a lower mount that appeared (or died) at `path` after `before`.
-    async fn cleanup_lower_mount(&mut self, path: &Path, before: Option<u64>) {
-        if let Some(m) = mount::mount_at(path)
-            && Some(m.id) != before
-        {
-            let p = path.to_path_buf();
-            let lazy = mount::is_dead(path);
+    /// Unmounts the lower's FUSE mount `m` (by mount ID), if any.
+    async fn cleanup_lower_mount(&mut self, m: Option<mount::MountInfo>) {
+        if let Some(m) = m {
+            let path = m.mount_point.clone();
             let res = blocking(move || {
+                let lazy = mount::is_dead(&m.mount_point);
                 if lazy {
-                    mount::abort_fuse_connection(&p);
+                    mount::abort_mount(&m);
                 }
-                mount::unmount(&p, lazy, Duration::from_secs(5))
-                    .or_else(|_| mount::unmount(&p, true, Duration::from_secs(5)))
+                mount::unmount_mount(&m, lazy, Duration::from_secs(5))
+                    .or_else(|_| mount::unmount_mount(&m, true, Duration::from_secs(5)))
             })
             .await;
             tracing::info!(lower = %path.display(), result = ?res, "removed the lower's leftover mount");
@@ -1001,8 +1011,7 @@ impl Runner {
             self.hard_exit
                 .get_or_insert(Instant::now() + Duration::from_secs(10));
             self.stop_lower("drainfs could not mount").await;
-            let p = self.cfg.fs.lower.clone();
-            self.cleanup_lower_mount(&p, None).await;
+            self.cleanup_lower_mount(self.lower_mount.clone()).await;
         }
     }
 
@@ -1090,16 +1099,20 @@ impl Runner {
                 ),
             }
         }
-        if !session_ended {
-            let p = mp.clone();
+        if !session_ended && self.own_mount.is_none() {
+            tracing::error!(mountpoint = %mp.display(), "drainfs's own mount was not found after mounting: not unmounting by path");
+            self.notes
+                .push("drainfs's own mount was not identified; left mounted".into());
+        }
+        if !session_ended && let Some(own) = self.own_mount.clone() {
             let lazy_first = self.forced.is_some() || self.lower_died.is_some();
             let res = tokio::time::timeout(
                 left(),
                 blocking(move || {
                     if lazy_first {
-                        mount::unmount(&p, true, Duration::from_secs(5))
+                        mount::unmount_mount(&own, true, Duration::from_secs(5))
                     } else {
-                        mount::unmount_or_detach(&p, Duration::from_secs(5))
+                        mount::unmount_or_detach_mount(&own, Duration::from_secs(5))
                     }
                 }),
             )
@@ -1110,7 +1123,7 @@ impl Runner {
                 }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "unmounting drainfs failed");
-                    self.notes.push(e);
+                    self.notes.push(e.to_string());
                 }
                 Err(_) => self
                     .notes
@@ -1155,24 +1168,31 @@ impl Runner {
             // Wait for its mount to go (gcsfuse unmounts on SIGINT); remove it if it lingers
             // or is dead.
             let until = Instant::now() + left().min(Duration::from_secs(2));
-            while mount::mount_at(&lower).is_some()
+            let present = |m: &Option<mount::MountInfo>| {
+                m.as_ref()
+                    .is_some_and(|m| mount::mount_by_id(m.id).is_some())
+            };
+            while present(&self.lower_mount)
                 && Instant::now() < until
                 && self.lower.status.is_none()
             {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if mount::mount_at(&lower).is_some() {
+            if let Some(m) = self
+                .lower_mount
+                .clone()
+                .filter(|_| present(&self.lower_mount))
+            {
                 // Off the runtime thread: `is_dead` stats the lower, which blocks if it is wedged.
                 // A lazy detach is one syscall that does not wait on the lower, so it gets a
                 // small minimum even when the deadline has nothing left.
-                let p = lower.clone();
                 let exited = self.lower.status.is_some();
                 let res = tokio::time::timeout(
                     left().max(Duration::from_millis(100)),
                     blocking(move || {
-                        if exited || mount::is_dead(&p) {
-                            mount::abort_fuse_connection(&p);
-                            mount::unmount(&p, true, Duration::from_secs(5)).map(Some)
+                        if exited || mount::is_dead(&m.mount_point) {
+                            mount::abort_mount(&m);
+                            mount::unmount_mount(&m, true, Duration::from_secs(5)).map(Some)
                         } else {
                             Ok(None)
                         }
