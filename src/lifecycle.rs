@@ -750,6 +750,7 @@ impl Runner {
             session_done_tx,
         )
         .await;
+        let mounted = mounted.map(|m| self.own_mount = m);
         if let Err(e) = mounted {
             let why = init
                 .lock()
@@ -760,7 +761,9 @@ impl Runner {
             self.stop_lower_after_failure().await;
             return EXIT_FAILURE;
         }
-        self.own_mount = mount::fuse_mount_above(&self.cfg.fs.mountpoint, mp_baseline);
+        if self.own_mount.is_none() {
+            self.own_mount = mount::fuse_mount_above(&self.cfg.fs.mountpoint, mp_baseline);
+        }
         let info = init.lock().clone().unwrap_or_default();
         tracing::info!(
             mountpoint = %self.cfg.fs.mountpoint.display(),
@@ -1310,7 +1313,7 @@ async fn mount_session(
     core: Arc<Fs>,
     init: Arc<Mutex<Option<InitInfo>>>,
     done: oneshot::Sender<std::io::Result<()>>,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<mount::MountInfo>> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("drainfs".into()),
@@ -1323,16 +1326,33 @@ async fn mount_session(
     config.clone_fd = true;
     let fs = DrainFs::new(core, cfg.fs.ttl, cfg.fs.passthrough, init);
     let mp = cfg.fs.mountpoint.clone();
-    let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<()>>();
+    let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<Option<mount::MountInfo>>>();
     std::thread::Builder::new()
         .name("fuse-session".into())
-        .spawn(move || match fuser::Session::new(fs, &mp, &config) {
-            Ok(session) => {
-                let _ = ready_tx.send(Ok(()));
-                let _ = done.send(session.run());
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
+        .spawn(move || {
+            // drainfs mounts itself (see `mount::mount_fuse`); without CAP_SYS_ADMIN fuser
+            // mounts through fusermount3.
+            let session = match mount::mount_fuse(&mp, "drainfs", "drainfs") {
+                Ok((fd, m)) => match fuser::Session::from_fd(fs, fd, config.acl, config.clone()) {
+                    Ok(s) => Ok((s, Some(m))),
+                    Err(e) => {
+                        let _ = mount::unmount_mount(&m, true, Duration::from_secs(5));
+                        Err(e)
+                    }
+                },
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    fuser::Session::new(fs, &mp, &config).map(|s| (s, None))
+                }
+                Err(e) => Err(e),
+            };
+            match session {
+                Ok((session, m)) => {
+                    let _ = ready_tx.send(Ok(m));
+                    let _ = done.send(session.run());
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
             }
         })?;
     ready_rx

@@ -497,6 +497,62 @@ pub fn unmount_or_detach_mount(
     }
 }
 
+/// Mounts a FUSE file system at `mountpoint` with `mount(2)` (type `fuse.<subtype>`, source
+/// `fsname`, `nosuid,nodev,noatime`, `default_permissions,allow_other`) on a fresh `/dev/fuse`
+/// fd, and returns the fd (for `fuser::Session::from_fd`) with the new mount, identified by its
+/// mount ID.
+///
+/// drainfs mounts itself instead of letting `fuser::Session::new` do it because fuser's
+/// session, when it ends, unmounts its mountpoint again *by path*: after drainfs's own unmount
+/// that removes whatever is underneath, which in Kubernetes is the volume's bind mount.
+///
+/// # Errors
+/// EPERM without CAP_SYS_ADMIN (the caller then falls back to `fusermount3` through fuser);
+/// any other `open("/dev/fuse")` or `mount(2)` errno; ENOENT if the new mount cannot be found
+/// in mountinfo afterwards (it is then detached again).
+pub fn mount_fuse(
+    mountpoint: &Path,
+    fsname: &str,
+    subtype: &str,
+) -> std::io::Result<(std::os::fd::OwnedFd, MountInfo)> {
+    use nix::mount::MsFlags;
+    use std::os::fd::AsRawFd;
+    let abs = absolute(mountpoint);
+    let below = mount_at(&abs).map(|m| m.id);
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let fd: std::os::fd::OwnedFd = dev.into();
+    let data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions,allow_other",
+        fd.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    nix::mount::mount(
+        Some(fsname),
+        &abs,
+        Some(format!("fuse.{subtype}").as_str()),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
+        Some(data.as_str()),
+    )
+    .map_err(std::io::Error::from)?;
+    match fuse_mount_above(&abs, below) {
+        Some(m) => Ok((fd, m)),
+        None => {
+            if let Ok(c) = std::ffi::CString::new(abs.as_os_str().as_bytes()) {
+                // SAFETY: umount2 on a NUL-terminated path, right after our own mount(2) there.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the new mount at {} is not in mountinfo", abs.display()),
+            ))
+        }
+    }
+}
+
 /// Aborts the FUSE connection behind the topmost mount at `path` (see [`abort_mount`]).
 pub fn abort_fuse_connection(path: &Path) -> bool {
     mount_at(&absolute(path)).is_some_and(|m| abort_mount(&m))
