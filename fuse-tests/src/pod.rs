@@ -356,6 +356,51 @@ impl Pod {
         value.to_string()
     }
 
+    /// The non-FUSE mount (the volume's bind mount) at `path` in `table`; panics if none.
+    pub fn volume_mount(&self, table: &[Mnt], path: &Path) -> Mnt {
+        mounts_at(table, path)
+            .into_iter()
+            .find(|m| !m.is_fuse())
+            .unwrap_or_else(|| panic!("no volume bind mount at {}: {table:#?}", path.display()))
+    }
+
+    /// Asserts what must hold after the sidecar exited: the volumes' bind mounts are the same
+    /// mounts as before, on the node (by the IDs taken at creation) and in the sidecar's
+    /// namespace (`in_sidecar`, taken while it ran), and no FUSE mount is left anywhere in the
+    /// pod.
+    pub fn assert_volumes_intact(&self, sidecar: &Container, in_sidecar: &[Mnt]) {
+        for v in [&self.data, &self.lower, &self.signal] {
+            assert!(
+                v.present(),
+                "the volume's bind mount at {} (mount {}) is gone on the node",
+                v.path.display(),
+                v.id
+            );
+        }
+        let node = mountinfo_of("self");
+        assert_eq!(
+            self.fuse_mounts_in(&node),
+            vec![],
+            "FUSE mounts left on the node"
+        );
+        let after = sidecar.mountinfo();
+        for before in in_sidecar {
+            assert!(
+                after
+                    .iter()
+                    .any(|m| m.id == before.id && m.mount_point == before.mount_point),
+                "the volume's bind mount at {} (mount {} in the sidecar) was removed: {after:#?}",
+                before.mount_point.display(),
+                before.id
+            );
+        }
+        assert_eq!(
+            self.fuse_mounts_in(&after),
+            vec![],
+            "FUSE mounts left in the sidecar's namespace"
+        );
+    }
+
     /// FUSE mounts anywhere under the pod's root in `table`.
     pub fn fuse_mounts_in(&self, table: &[Mnt]) -> Vec<Mnt> {
         let root = self.path("");

@@ -9,13 +9,12 @@
 //! (the same mount IDs, on the node and inside the sidecar's namespace) with nothing else left
 //! mounted.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use fuse_tests::harness::{bin, wait_until};
 use fuse_tests::lowers::{Kind, Server, object_of, require_installed};
-use fuse_tests::pod::{Container, Mnt, Pod, mountinfo_of, mounts_at, top_at};
+use fuse_tests::pod::{Container, Pod, mountinfo_of, top_at};
 use nix::sys::signal::Signal;
 
 /// Files the application writes.
@@ -117,49 +116,6 @@ fn assert_drainfs_is_pid1(c: &Container) {
     );
 }
 
-/// The non-FUSE mount (the volume's bind mount) at `path` in `table`.
-fn volume_mount(table: &[Mnt], path: &Path) -> Mnt {
-    mounts_at(table, path)
-        .into_iter()
-        .find(|m| !m.is_fuse())
-        .unwrap_or_else(|| panic!("no volume bind mount at {}: {table:#?}", path.display()))
-}
-
-/// What both scenarios check after the sidecar exited: the volumes' bind mounts are the same
-/// mounts as before (node and sidecar namespace), and no FUSE mount is left anywhere in the pod.
-fn assert_volumes_intact(pod: &Pod, sidecar: &Container, in_sidecar: &[Mnt]) {
-    for v in [&pod.data, &pod.lower, &pod.signal] {
-        assert!(
-            v.present(),
-            "the volume's bind mount at {} (mount {}) is gone on the node",
-            v.path.display(),
-            v.id
-        );
-    }
-    let node = mountinfo_of("self");
-    assert_eq!(
-        pod.fuse_mounts_in(&node),
-        vec![],
-        "FUSE mounts left on the node"
-    );
-    let after = sidecar.mountinfo();
-    for before in in_sidecar {
-        assert!(
-            after
-                .iter()
-                .any(|m| m.id == before.id && m.mount_point == before.mount_point),
-            "the volume's bind mount at {} (mount {} in the sidecar) was removed: {after:#?}",
-            before.mount_point.display(),
-            before.id
-        );
-    }
-    assert_eq!(
-        pod.fuse_mounts_in(&after),
-        vec![],
-        "FUSE mounts left in the sidecar's namespace"
-    );
-}
-
 fn stderr_of(c: &Container) -> String {
     c.proc.stderr_text()
 }
@@ -192,8 +148,8 @@ fn pod_lifecycle_over_bucketfs() {
     // The volumes as the sidecar sees them, before teardown.
     let inside = mountinfo_of(&sidecar.pid1.to_string());
     let in_sidecar = vec![
-        volume_mount(&inside, &pod.data.path),
-        volume_mount(&inside, &pod.lower.path),
+        pod.volume_mount(&inside, &pod.data.path),
+        pod.volume_mount(&inside, &pod.lower.path),
     ];
     assert!(
         top_at(&inside, &pod.lower.path)
@@ -224,7 +180,7 @@ fn pod_lifecycle_over_bucketfs() {
             got.len()
         );
     }
-    assert_volumes_intact(&pod, &sidecar, &in_sidecar);
+    pod.assert_volumes_intact(&sidecar, &in_sidecar);
 }
 
 /// A live FUSE mount at the mountpoint is still refused (exit 2), and left alone.
@@ -290,8 +246,8 @@ fn pod_lifecycle_over_rclone_with_default_flags() {
     assert_drainfs_is_pid1(&sidecar);
     let inside = mountinfo_of(&sidecar.pid1.to_string());
     let in_sidecar = vec![
-        volume_mount(&inside, &pod.data.path),
-        volume_mount(&inside, &pod.lower.path),
+        pod.volume_mount(&inside, &pod.data.path),
+        pod.volume_mount(&inside, &pod.lower.path),
     ];
     assert_eq!(
         top_at(&inside, &pod.lower.path).map(|m| m.fstype),
@@ -320,5 +276,5 @@ fn pod_lifecycle_over_rclone_with_default_flags() {
             "object {key} on the server"
         );
     }
-    assert_volumes_intact(&pod, &sidecar, &in_sidecar);
+    pod.assert_volumes_intact(&sidecar, &in_sidecar);
 }
