@@ -769,16 +769,19 @@ impl Runner {
             mountpoint = %self.cfg.fs.mountpoint.display(),
             lower = %self.cfg.fs.lower.display(),
             passthrough = info.passthrough,
+            writes_passthrough = info.writes_passthrough,
+            lower_fs = info.lower_fs.as_deref().unwrap_or(""),
+            reason = %info.data_path_reason,
             passthrough_off_reason = info.passthrough_off_reason.as_deref().unwrap_or(""),
             kernel_abi = %info.kernel_abi,
             threads = self.cfg.fs.threads,
             "mounted; data path: {}",
-            match (info.passthrough, self.cfg.fs.passthrough) {
+            match (info.passthrough, info.writes_passthrough) {
                 (false, _) => "served by drainfs",
-                (true, crate::config::PassthroughMode::Reads) => {
+                (true, false) => {
                     "kernel passthrough for read-only opens, writes served by drainfs"
                 }
-                (true, _) => "kernel passthrough",
+                (true, true) => "kernel passthrough",
             }
         );
         {
@@ -1324,7 +1327,10 @@ async fn mount_session(
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(cfg.fs.threads);
     config.clone_fd = true;
-    let fs = DrainFs::new(core, cfg.fs.ttl, cfg.fs.passthrough, init);
+    let mut fs = DrainFs::new(core, cfg.fs.ttl, cfg.fs.passthrough, init);
+    if let Some(m) = mount::mount_containing(&cfg.fs.lower) {
+        fs = fs.with_lower(&m.fstype, &m.source);
+    }
     let mp = cfg.fs.mountpoint.clone();
     let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<Option<mount::MountInfo>>>();
     std::thread::Builder::new()

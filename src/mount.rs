@@ -104,6 +104,13 @@ fn topmost(table: &[MountInfo], path: &Path) -> Option<MountInfo> {
         .map(|m| (*m).clone())
 }
 
+/// The mount that holds `path` (absolute, canonical): the topmost mount at the longest mount
+/// point that is `path` or one of its ancestors. `None` only if mountinfo cannot be read.
+pub fn mount_containing(path: &Path) -> Option<MountInfo> {
+    let table = mounts();
+    path.ancestors().find_map(|p| topmost(&table, p))
+}
+
 /// The mount with this ID in this mount namespace, if it is still mounted.
 pub fn mount_by_id(id: u64) -> Option<MountInfo> {
     mounts().into_iter().find(|m| m.id == id)
