@@ -123,10 +123,18 @@ mod tests {
     use super::*;
     use PassthroughMode::*;
 
+    /// (mode, lower, kernel ok) -> (reads passthrough, writes passthrough)
+    type Case = (
+        PassthroughMode,
+        Option<(&'static str, &'static str)>,
+        bool,
+        bool,
+        bool,
+    );
+
     #[test]
     fn decisions() {
-        // (mode, lower, kernel ok) -> (reads, writes)
-        let cases: &[(PassthroughMode, Option<(&str, &str)>, bool, bool, bool)] = &[
+        let cases: &[Case] = &[
             (
                 Auto,
                 Some(("fuse.gcsfuse", "example-bucket")),
