@@ -320,7 +320,8 @@ fn supplementary_groups_count_on_the_lower(mode: &str) {
         c("team/link"),
     );
     let target = std::ffi::CString::new("file").unwrap();
-    // SAFETY (all bodies): raw syscalls on paths prepared before the fork.
+    // SAFETY: raw syscalls on NUL-terminated paths prepared before the fork; each fd is
+    // closed once.
     let body = || unsafe {
         let fd = libc::open(file.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o640);
         if fd < 0 {

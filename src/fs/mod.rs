@@ -420,13 +420,9 @@ impl Fs {
     ) -> Result<Self> {
         let path =
             CString::new(lower.as_os_str().as_bytes()).map_err(|_| Error::from(Kind::BadName))?;
-        let root_fd = sys::openat(
-            // SAFETY-free: AT_FDCWD is a valid dirfd for an absolute or relative path.
-            unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
-            &path,
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )?;
+        // SAFETY: AT_FDCWD is a valid dirfd for the whole process lifetime.
+        let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
+        let root_fd = sys::openat(cwd, &path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         let st = sys::fstat(root_fd.as_fd())?;
         let root = Arc::new(Inode {
             nodeid: ROOT_ID,
@@ -834,14 +830,9 @@ impl Fs {
                 sys::utimensat(fd, c"", &times, libc::AT_EMPTY_PATH).map_err(le)?;
             } else {
                 let path = sys::proc_fd_path(fd.as_raw_fd());
-                // SAFETY: AT_FDCWD with an absolute path.
-                sys::utimensat(
-                    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
-                    &path,
-                    &times,
-                    0,
-                )
-                .map_err(le)?;
+                // SAFETY: AT_FDCWD is a valid dirfd for the whole process lifetime.
+                let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
+                sys::utimensat(cwd, &path, &times, 0).map_err(le)?;
             }
         }
         sys::fstat(fd).map_err(le)
