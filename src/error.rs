@@ -33,6 +33,9 @@ pub enum Kind {
     Passthrough,
     /// drainfs has closed its lower fds (teardown after a lazy unmount). `EIO`.
     Closed,
+    /// Switching the worker thread to the caller's credentials failed (`setgroups`,
+    /// `setfsgid` or `setfsuid`); the operation did not run. That errno.
+    Credentials(nix::errno::Errno),
 }
 
 impl Kind {
@@ -49,6 +52,7 @@ impl Kind {
             Kind::BadName => E::EINVAL,
             Kind::Passthrough => E::EIO,
             Kind::Closed => E::EIO,
+            Kind::Credentials(e) => e,
         }
     }
 }
@@ -86,7 +90,7 @@ impl Error {
                 tracing::Level::DEBUG
             }
             Kind::BadName | Kind::Closed => tracing::Level::DEBUG,
-            Kind::Passthrough => tracing::Level::WARN,
+            Kind::Passthrough | Kind::Credentials(_) => tracing::Level::WARN,
         }
     }
 

@@ -40,7 +40,8 @@ use parking_lot::Mutex;
 use crate::accounting::Op;
 use crate::config::PassthroughMode;
 use crate::error::Error;
-use crate::fs::{Backing, Caller, Entry, Fs, Passthrough, RegisterBacking, XattrReply, sys::Stat};
+use crate::fs::sys::{Stat, Timestamps};
+use crate::fs::{Backing, Caller, Entry, Fs, Passthrough, RegisterBacking, XattrReply};
 
 /// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
 pub const MAX_IO: u32 = 1 << 20;
@@ -166,9 +167,9 @@ pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
         ino: INodeNo(nodeid),
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
-        atime: to_time(st.st_atime, st.st_atime_nsec),
-        mtime: to_time(st.st_mtime, st.st_mtime_nsec),
-        ctime: to_time(st.st_ctime, st.st_ctime_nsec),
+        atime: to_time(st.st_atime, st.st_atime_nsec as i64),
+        mtime: to_time(st.st_mtime, st.st_mtime_nsec as i64),
+        ctime: to_time(st.st_ctime, st.st_ctime_nsec as i64),
         crtime: UNIX_EPOCH,
         kind: kind_of(st.st_mode),
         perm: (st.st_mode & 0o7777) as u16,
@@ -181,18 +182,19 @@ pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
     }
 }
 
-fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
+fn timespec(t: Option<TimeOrNow>) -> rustix::fs::Timespec {
+    use rustix::fs::{Timespec, UTIME_NOW, UTIME_OMIT};
     match t {
-        None => libc::timespec {
+        None => Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: UTIME_OMIT,
         },
-        Some(TimeOrNow::Now) => libc::timespec {
+        Some(TimeOrNow::Now) => Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_NOW,
+            tv_nsec: UTIME_NOW,
         },
         Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec {
+            Ok(d) => Timespec {
                 tv_sec: d.as_secs() as i64,
                 tv_nsec: i64::from(d.subsec_nanos()),
             },
@@ -203,7 +205,7 @@ fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
                     s -= 1;
                     n += 1_000_000_000;
                 }
-                libc::timespec {
+                Timespec {
                     tv_sec: s,
                     tv_nsec: n,
                 }
@@ -355,8 +357,10 @@ impl Filesystem for DrainFs {
         reply: ReplyAttr,
     ) {
         let mut g = self.core.acct.op(Op::Setattr);
-        let times =
-            (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
+        let times = (atime.is_some() || mtime.is_some()).then(|| Timestamps {
+            last_access: timespec(atime),
+            last_modification: timespec(mtime),
+        });
         // KILLPRIV_V2: a truncate by a caller without CAP_FSETID must clear suid/sgid; fuser
         // does not pass FATTR_KILL_SUIDGID through, so non-root callers stand for it.
         let kill = (size.is_some() && req.uid() != 0).then(|| caller(req));
@@ -639,11 +643,27 @@ impl Filesystem for DrainFs {
                     // number counts: the directory's own nodeid for `.`, and for `..` the
                     // parent's, as READDIR reports it (the root's `..` is the root itself).
                     let mut a = *dir_attr.get_or_insert_with(|| {
-                        let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
-                            // SAFETY: an all-zero `struct stat` is a valid value.
-                            unsafe { std::mem::zeroed() }
-                        });
-                        attr(ino.0, &st)
+                        match self.core.getattr(ino.0, Some(fh.0)) {
+                            Ok(st) => attr(ino.0, &st),
+                            // Only the inode number and type of a dot entry are used.
+                            Err(_) => FileAttr {
+                                ino,
+                                size: 0,
+                                blocks: 0,
+                                atime: UNIX_EPOCH,
+                                mtime: UNIX_EPOCH,
+                                ctime: UNIX_EPOCH,
+                                crtime: UNIX_EPOCH,
+                                kind: FileType::Directory,
+                                perm: 0,
+                                nlink: 0,
+                                uid: 0,
+                                gid: 0,
+                                rdev: 0,
+                                blksize: 0,
+                                flags: 0,
+                            },
+                        }
                     });
                     if name == b".." {
                         a.ino = if ino.0 == crate::fs::ROOT_ID {

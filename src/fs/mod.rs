@@ -21,7 +21,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -420,9 +420,7 @@ impl Fs {
     ) -> Result<Self> {
         let path =
             CString::new(lower.as_os_str().as_bytes()).map_err(|_| Error::from(Kind::BadName))?;
-        // SAFETY: AT_FDCWD is a valid dirfd for the whole process lifetime.
-        let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
-        let root_fd = sys::openat(cwd, &path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let root_fd = sys::open_path(&path, libc::O_PATH | libc::O_DIRECTORY)?;
         let st = sys::fstat(root_fd.as_fd())?;
         let root = Arc::new(Inode {
             nodeid: ROOT_ID,
@@ -791,7 +789,7 @@ impl Fs {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        times: Option<[libc::timespec; 2]>,
+        times: Option<sys::Timestamps>,
         kill_privs: Option<Caller>,
     ) -> Result<Stat> {
         self.admission.check_alive()?;
@@ -805,14 +803,13 @@ impl Fs {
         let le = |e| self.lower_err(e);
         if let Some(mode) = mode {
             if handle.is_some() {
-                nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(mode))
-                    .map_err(le)?;
+                sys::fchmod(fd, mode).map_err(le)?;
             } else {
                 sys::chmod_fd(fd, mode).map_err(le)?;
             }
         }
         if uid.is_some() || gid.is_some() {
-            sys::chown_fd(fd, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX)).map_err(le)?;
+            sys::chown_fd(fd, uid, gid).map_err(le)?;
         }
         if let Some(size) = size {
             match &handle {
@@ -825,15 +822,9 @@ impl Fs {
                 self.kill_privs(fd, caller)?;
             }
         }
-        if let Some(times) = times {
-            if inode.fmt == libc::S_IFLNK && handle.is_none() {
-                sys::utimensat(fd, c"", &times, libc::AT_EMPTY_PATH).map_err(le)?;
-            } else {
-                let path = sys::proc_fd_path(fd.as_raw_fd());
-                // SAFETY: AT_FDCWD is a valid dirfd for the whole process lifetime.
-                let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
-                sys::utimensat(cwd, &path, &times, 0).map_err(le)?;
-            }
+        if let Some(times) = &times {
+            let symlink = inode.fmt == libc::S_IFLNK && handle.is_none();
+            sys::utimens_fd(fd, times, symlink).map_err(le)?;
         }
         sys::fstat(fd).map_err(le)
     }
@@ -871,7 +862,7 @@ impl Fs {
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::mknodat(pfd.as_fd(), &name, mode, u64::from(rdev))
                 .map_err(|e| self.lower_err(e))?;
         }
@@ -888,7 +879,7 @@ impl Fs {
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::mkdirat(pfd.as_fd(), &name, mode).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -911,7 +902,7 @@ impl Fs {
         let target = cname(target.as_os_str())?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::symlinkat(&target, pfd.as_fd(), &name).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -926,8 +917,7 @@ impl Fs {
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
-        let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
-        sys::unlinkat(pfd.as_fd(), &name, flags).map_err(|e| self.lower_err(e))
+        sys::unlinkat(pfd.as_fd(), &name, rmdir).map_err(|e| self.lower_err(e))
     }
 
     fn known_at(&self, dir: &OwnedFd, name: &CStr) -> Option<Arc<Inode>> {
@@ -1176,7 +1166,7 @@ impl Fs {
             | libc::O_CREAT
             | libc::O_NOFOLLOW;
         let fd = {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
         };
         let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
@@ -1459,7 +1449,7 @@ impl Fs {
     ///
     /// # Errors
     /// The lower's errno.
-    pub fn statfs(&self) -> Result<libc::statvfs> {
+    pub fn statfs(&self) -> Result<sys::StatVfs> {
         self.admission.check_alive()?;
         sys::fstatvfs(self.root_fd()?.as_fd()).map_err(|e| self.lower_err(e))
     }
@@ -1473,12 +1463,7 @@ impl Fs {
         self.admission.check_alive()?;
         let inode = self.inode(nodeid)?;
         let fd = self.inode_fd(&inode)?;
-        let path = sys::proc_fd_path(fd.as_raw_fd());
-        nix::unistd::access(
-            path.as_c_str(),
-            nix::unistd::AccessFlags::from_bits_truncate(mask),
-        )
-        .map_err(|e| self.lower_err(e))
+        sys::access_fd(fd.as_fd(), mask).map_err(|e| self.lower_err(e))
     }
 
     fn xattr_fd(&self, nodeid: u64) -> Result<Arc<OwnedFd>> {
