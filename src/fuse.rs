@@ -588,9 +588,9 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let mut g = self.core.acct.op(Op::Opendir);
-        match self.core.opendir(ino.0, flags.0) {
+        match self.core.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => fail!(g, reply, e),
         }

@@ -21,7 +21,7 @@ pub type Stat = rustix::fs::Stat;
 /// `struct statvfs` of the lower.
 pub type StatVfs = rustix::fs::StatVfs;
 
-/// Access and modification times for [`utimensat`]; a `tv_nsec` of
+/// Access and modification times for [`utimens_fd`]; a `tv_nsec` of
 /// [`rustix::fs::UTIME_NOW`] or [`rustix::fs::UTIME_OMIT`] means "now" or "leave as is".
 pub type Timestamps = rustix::fs::Timestamps;
 

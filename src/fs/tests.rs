@@ -535,7 +535,7 @@ fn close_lower_fds_closes_everything_and_later_calls_fail_with_eio() {
     eio(fs
         .open(e.nodeid, libc::O_RDONLY, Caller::ROOT, None)
         .map(drop));
-    eio(fs.opendir(ROOT_ID, 0).map(drop));
+    eio(fs.opendir(ROOT_ID).map(drop));
     eio(fs.statfs().map(drop));
     eio(fs
         .mkdir(ROOT_ID, OsStr::new("x"), 0o755, Caller::ROOT)
