@@ -305,6 +305,12 @@ impl Fs {
         self.inodes.len()
     }
 
+    /// The lower path of `nodeid` relative to the lower root, as last known (for logs only),
+    /// or `None` for a nodeid the kernel no longer holds.
+    pub fn path_of(&self, nodeid: u64) -> Option<PathBuf> {
+        self.inodes.get(nodeid).map(|i| i.path())
+    }
+
     /// Number of O_PATH fds cached.
     pub fn cached_fds(&self) -> usize {
         self.fd_cache.lock().len()
@@ -784,10 +790,10 @@ impl Fs {
                             tracing::debug!(nodeid = inode.nodeid, error = %e, "backing open failed; serving this open without passthrough");
                             None
                         }
-                        Err(e) => {
-                            tracing::warn!(nodeid = inode.nodeid, error = %e, "backing open failed while the inode has other opens");
-                            return Err(Kind::Passthrough.into());
-                        }
+                        // A registration happens only for an inode without opens (the
+                        // filters above); should that change, an open must not be served
+                        // differently from the inode's others: fail it.
+                        Err(e) => return Err(Error::from(Kind::Passthrough).with_source(e)),
                     },
                 };
             }
@@ -944,20 +950,22 @@ impl Fs {
         let h = self.handle(nodeid, fh)?;
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
-            self.record_failed_flush(&h.inode, e, "flush");
+            // Logged by the adapter with the request's context, as every failed request is.
+            self.record_failed_flush(&h.inode, e);
             self.lower_err(e)
         })
     }
 
-    /// Counts a failed lower flush (metric, log line with the path, the summary's list).
-    fn record_failed_flush(&self, inode: &Inode, e: Errno, when: &'static str) {
+    /// Counts a failed lower flush (metric, the summary's list); returns the inode's path.
+    fn record_failed_flush(&self, inode: &Inode, e: Errno) -> PathBuf {
         self.acct.lower_flush_errors.fetch_add(1, Relaxed);
         let path = inode.path();
-        tracing::warn!(path = %path.display(), error = %e, when, "the lower's flush failed");
         let mut f = self.failed_flushes.lock();
         if f.len() < 64 {
             f.push(format!("{}: {e}", path.display()));
         }
+        drop(f);
+        path
     }
 
     /// Paths whose FLUSH failed (capped at 64), for the shutdown summary.
@@ -1003,7 +1011,10 @@ impl Fs {
         let inode = Arc::clone(&h.inode);
         if let Err(e) = h.close() {
             if writable {
-                self.record_failed_flush(&inode, e, "release");
+                // RELEASE answers the kernel `Ok` (it ignores errors), so this is the one log
+                // line of the failure.
+                let path = self.record_failed_flush(&inode, e);
+                tracing::warn!(nodeid, fh, path = %path.display(), error = %e, "the lower's close at RELEASE failed: a failed flush");
             } else {
                 tracing::debug!(path = %inode.path().display(), error = %e, "the lower's close of a read-only handle failed");
             }
