@@ -1,9 +1,11 @@
 //! The fuser adapter: implements `fuser::Filesystem` on top of the core ([`crate::fs::Fs`]).
 //!
 //! Every handler has the same shape (mountpoint-s3's `fuse.rs`): count the request with an
-//! [`OpGuard`](crate::accounting::OpGuard), call the core, reply; on error `fail!` logs at the
-//! error's own level, counts it and replies with its errno. No handler writes an errno literal.
-//! Handlers are synchronous on fuser's worker threads and never wait for the control plane.
+//! [`OpGuard`](crate::accounting::OpGuard), call the core, reply; on error `fail!` adds the
+//! request's context to the error (op, nodeid, fh, name, the lower's path), logs it once at
+//! the error's own level inside a span carrying the request's `unique`, counts it and replies
+//! with its errno. No handler writes an errno literal. Handlers are synchronous on fuser's
+//! worker threads and never wait for the control plane.
 //!
 //! Connection settings chosen in [`DrainFs::init`], each for a reason:
 //! - `FUSE_PASSTHROUGH` + `max_stack_depth = 1` (kernel passthrough onto a lower that may itself
@@ -16,7 +18,8 @@
 //!   `FUSE_ATOMIC_O_TRUNC` (O_TRUNC rides on OPEN instead of a second SETATTR round trip),
 //!   `FUSE_AUTO_INVAL_DATA` (the page cache is dropped when the lower's mtime or size changes),
 //!   `FUSE_CACHE_SYMLINKS`, `FUSE_DIRECT_IO_ALLOW_MMAP` (shared mmap of the direct-io writable
-//!   opens of `--passthrough reads`).
+//!   opens of `--passthrough reads`), `FUSE_ASYNC_DIO` (an application's large direct-io read
+//!   or write is sent as several requests at once).
 //! - Read-only opens get `FOPEN_NOFLUSH`: their close() costs no FLUSH round trip, and there is
 //!   nothing to upload.
 
@@ -43,8 +46,14 @@ use crate::error::{Error, Kind};
 use crate::fs::sys::{Stat, Timestamps};
 use crate::fs::{Backing, Caller, Entry, Fs, Opened, Passthrough, RegisterBacking, XattrReply};
 
-/// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
+/// Largest WRITE the kernel sends (`max_write`) and the readahead window (`max_readahead`):
+/// 1 MiB.
 pub const MAX_IO: u32 = 1 << 20;
+
+/// Largest READ served at once from a worker thread's buffer (4 MiB): a bigger READ is
+/// answered with the first 4 MiB (a short read). The buffer grows to the largest READ seen
+/// and is kept for the thread's life.
+const MAX_READ: usize = 4 * MAX_IO as usize;
 
 /// What INIT negotiated, for the start-up log line and `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -367,7 +376,6 @@ impl Filesystem for DrainFs {
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_ASYNC_DIO;
         let _ = config.add_capabilities(wanted & caps);
@@ -601,7 +609,7 @@ impl Filesystem for DrainFs {
     ) {
         let mut g = self.core.acct.op(Op::Read);
         READ_BUF.with_borrow_mut(|buf| {
-            let size = (size as usize).min(MAX_IO as usize * 4);
+            let size = (size as usize).min(MAX_READ);
             if buf.len() < size {
                 buf.resize(size, 0);
             }

@@ -1,4 +1,4 @@
-//! End-to-end lifecycle tests (issue #3): the real `drainfs` binary supervising the
+//! End-to-end lifecycle tests: the real `drainfs` binary supervising the
 //! gcsfuse-like `bucketfs` backend, which publishes an object only on FLUSH/FSYNC after an
 //! upload delay and loses unflushed data when it goes away.
 
@@ -500,7 +500,7 @@ fn scopeguard(path: &Path) -> impl Drop + use<> {
     G(path.to_path_buf())
 }
 
-/// Issue #3 item 7: no thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
+/// No thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
 /// blocked everywhere and taken with sigwait), so a thread blocked in a lower FLUSH is never
 /// interrupted (which would make the kernel send gcsfuse a FUSE INTERRUPT). Signals sent during
 /// a slow upload change nothing.

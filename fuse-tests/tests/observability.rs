@@ -1,4 +1,4 @@
-//! Observability and control (issue #6) through the real binary: probes flipping over the
+//! Observability and control through the real binary: probes flipping over the
 //! lifecycle, metrics parsed by the reference OpenMetrics parser and equal to what the test did,
 //! quit/drain endpoints, the control socket subcommands, `drainfs cleanup`, JSON logs and the
 //! ready file.

@@ -1,5 +1,5 @@
-//! Issue 2, items 3 and 4: every operation of the passthrough answered from the lower, on a
-//! real mount, in both `--passthrough always` and `--passthrough never`. Each test checks the
+//! Every operation of the passthrough answered from the lower (lookup, attributes, names,
+//! links, xattrs, directories, special files), on a real mount, in both `--passthrough always` and `--passthrough never`. Each test checks the
 //! lower's contents and metadata after the operation and the exact errno of each failure.
 
 #[macro_use]

@@ -1,4 +1,4 @@
-//! Issue 2, item 7: the data path of regular files, in `--passthrough always` (kernel
+//! The data path of regular files, in `--passthrough always` (kernel
 //! passthrough with one backing id per inode), `--passthrough never` (served by drainfs) and
 //! `--passthrough reads` (passthrough for read-only opens, writes served by drainfs).
 //! Checks that the data path really is what the mode says (drainfs's own I/O counters), and

@@ -1,4 +1,4 @@
-//! Issue 2, item 6: users and permissions on a real mount, in both passthrough modes. The
+//! Users and permissions on a real mount, in both passthrough modes. The
 //! workloads run as non-root users: through `run_user` (shell commands) for ownership, and in a
 //! forked child switched to the user for exact errnos.
 

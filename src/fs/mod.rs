@@ -516,10 +516,10 @@ impl Fs {
         self.stat_inode(&inode)
     }
 
-    /// SETATTR. `mode`, `uid`/`gid`, `size`, `atime`/`mtime` (`None` = leave, timespec with
-    /// `UTIME_NOW`/`UTIME_OMIT` semantics as in utimensat(2)). `kill_suidgid` clears set-user-ID
-    /// and set-group-ID bits on a size change (FUSE_HANDLE_KILLPRIV_V2 semantics for callers
-    /// without CAP_FSETID).
+    /// SETATTR. `mode`, `uid`/`gid`, `size`, `times` (`None` = leave; a timespec of
+    /// `UTIME_NOW`/`UTIME_OMIT` as in utimensat(2)). With `kill_privs` (a caller without
+    /// CAP_FSETID), a size change clears the set-user-ID/set-group-ID bits [`privs_to_kill`]
+    /// names (FUSE_HANDLE_KILLPRIV_V2 semantics).
     ///
     /// # Errors
     /// The lower's errno of the first failing change.
@@ -918,7 +918,7 @@ impl Fs {
         Ok(n)
     }
 
-    /// WRITE (drainfs's own data path). `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID) clears
+    /// WRITE (drainfs's own data path). `kill_privs` (FUSE_WRITE_KILL_SUIDGID) clears
     /// set-user-ID/set-group-ID bits first, as the kernel expects with KILLPRIV_V2.
     ///
     /// # Errors
@@ -1203,7 +1203,7 @@ impl Fs {
         sys::xattr::remove(fd.as_fd(), &name).map_err(|e| self.lower_err(e))
     }
 
-    /// FALLOCATE on the handle's lower fd. `kill_suidgid` (a caller without CAP_FSETID)
+    /// FALLOCATE on the handle's lower fd. `kill_privs` (a caller without CAP_FSETID)
     /// clears privilege bits first, as the lower's own fallocate would for that caller.
     ///
     /// # Errors
@@ -1236,7 +1236,7 @@ impl Fs {
         sys::lseek(h.fd.as_fd(), offset, whence).map_err(|e| self.lower_err(e))
     }
 
-    /// COPY_FILE_RANGE between two handles' lower fds. `kill_suidgid` (a caller without
+    /// COPY_FILE_RANGE between two handles' lower fds. `kill_privs` (a caller without
     /// CAP_FSETID) clears privilege bits of the destination, as a write would.
     ///
     /// # Errors
