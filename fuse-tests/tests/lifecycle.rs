@@ -357,12 +357,24 @@ fn lower_exiting_before_ready_reports_its_stderr() {
             "-c".into(),
             "echo 'bucket does-not-exist: 404' >&2; exit 3".into(),
         ],
+        args: vec!["--log-format".into(), "json".into()],
         no_wait: true,
-        ..Default::default()
     });
     let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
     assert_eq!(st.code(), Some(69));
-    assert!(m.proc.stderr_text().contains("bucket does-not-exist: 404"));
+    // The lower's own stderr is in the `stderr_tail` field of an ERROR line.
+    let lines = m.proc.stderr.lock().unwrap().clone();
+    assert!(
+        lines.iter().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {
+                v["severity"] == "ERROR"
+                    && v["stderr_tail"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("bucket does-not-exist: 404"))
+            })
+        }),
+        "{lines:#?}"
+    );
     assert!(!is_mounted(&m.mnt));
 }
 
