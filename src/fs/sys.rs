@@ -437,27 +437,32 @@ fn own_groups() -> &'static [Gid] {
     GROUPS.get_or_init(|| rustix::process::getgroups().unwrap_or_default())
 }
 
-/// `setfsuid(uid)` for this thread, checked: `setfsuid` reports no error, so the id in effect
-/// is read back (`setfsuid(-1)` changes nothing and returns it). `EPERM` if it did not change.
-fn set_fsuid(uid: u32) -> Result<(), Errno> {
-    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
-    let now = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(u32::MAX));
-    if now.as_raw() == uid {
+/// Sets this thread's filesystem id with `set` (`setfsuid`/`setfsgid`, which return the
+/// previous id and report no error) and checks it took: the id in effect is read back with
+/// `set(-1)`, which changes nothing. `EPERM` if it did not change.
+fn set_fs_id(set: fn(u32) -> u32, id: u32) -> Result<(), Errno> {
+    set(id);
+    if set(u32::MAX) == id {
         Ok(())
     } else {
         Err(Errno::EPERM)
     }
 }
 
-/// `setfsgid(gid)` for this thread, checked as [`set_fsuid`] is.
+/// `setfsuid(uid)` for this thread, checked ([`set_fs_id`]).
+fn set_fsuid(uid: u32) -> Result<(), Errno> {
+    set_fs_id(
+        |id| nix::unistd::setfsuid(nix::unistd::Uid::from_raw(id)).as_raw(),
+        uid,
+    )
+}
+
+/// `setfsgid(gid)` for this thread, checked ([`set_fs_id`]).
 fn set_fsgid(gid: u32) -> Result<(), Errno> {
-    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(gid));
-    let now = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(u32::MAX));
-    if now.as_raw() == gid {
-        Ok(())
-    } else {
-        Err(Errno::EPERM)
-    }
+    set_fs_id(
+        |id| nix::unistd::setfsgid(nix::unistd::Gid::from_raw(id)).as_raw(),
+        gid,
+    )
 }
 
 /// Per-thread credentials for operations that create inodes: the lower then checks
