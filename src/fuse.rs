@@ -1,7 +1,7 @@
 //! The fuser adapter: implements `fuser::Filesystem` on top of the core ([`crate::fs::Fs`]).
 //!
 //! Every handler has the same shape (mountpoint-s3's `fuse.rs`): count the request with an
-//! [`OpGuard`](crate::accounting::OpGuard), call the core, reply; on error `fail!` adds the
+//! [`OpGuard`], call the core, reply; on error `fail!` adds the
 //! request's context to the error (op, nodeid, fh, name, the lower's path), logs it once at
 //! the error's own level inside a span carrying the request's `unique`, counts it and replies
 //! with its errno. No handler writes an errno literal. Handlers are synchronous on fuser's
