@@ -196,7 +196,18 @@ pub struct Outstanding {
 }
 
 impl Outstanding {
-    /// Nothing in flight and no handle open: every lower close (every upload) has returned.
+    /// Nothing that can still upload: no request in flight, no file open for writing, no lower
+    /// FLUSH/FSYNC/RELEASE in progress. Files open read-only and directory streams do not
+    /// hold the drain (nothing of theirs reaches the bucket); the teardown closes them.
+    pub fn is_drained(&self) -> bool {
+        self.in_flight == 0
+            && self.open_write == 0
+            && self.lower_flush == 0
+            && self.lower_fsync == 0
+            && self.lower_release == 0
+    }
+
+    /// Nothing in flight and no handle open at all.
     pub fn is_idle(&self) -> bool {
         self.in_flight == 0
             && self.open_read == 0

@@ -263,7 +263,7 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
         return ExitCode::Failed;
     }
     let forced_with_work =
-        o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_idle());
+        o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
     if forced_with_work || o.failed_flushes > 0 || o.lower_stop == Some(LowerStop::Killed) {
         return ExitCode::Incomplete;
     }
@@ -366,6 +366,9 @@ pub struct Budget {
     pub lower_kill: Duration,
 }
 
+/// With the door closed and nothing outstanding, how long the mount must have seen no request
+/// (served or refused) before it is removed (at most the quiet period).
+pub const SETTLE: Duration = Duration::from_millis(500);
 /// How long a second signal leaves drainfs for its own part of the teardown.
 pub const SECOND_SIGNAL_OWN: Duration = Duration::from_millis(400);
 /// After a second signal, how long the lower gets to exit on its stop signal before SIGKILL.
@@ -571,7 +574,7 @@ impl Machine {
             // Idle time counts from the trigger at the earliest: an application still shutting
             // down gets the whole quiet period after it, however idle the mount was before.
             let idle = obs.idle_for.min(now.saturating_duration_since(t0));
-            let quiet = obs.outstanding.is_idle() && idle >= self.cfg.quiet_period;
+            let quiet = obs.outstanding.is_drained() && idle >= self.cfg.quiet_period;
             let reason = if self.forced.is_some() {
                 Some(DoorReason::Forced)
             } else if self.workload_gone {
@@ -589,7 +592,7 @@ impl Machine {
             // change notification wakes the executor) or at the deadline.
             let quiet_end = obs
                 .outstanding
-                .is_idle()
+                .is_drained()
                 .then(|| now + (self.cfg.quiet_period - idle));
             let until = quiet_end.map_or(force_at, |q| q.min(force_at));
             return Step::Wait { until: Some(until) };
@@ -601,7 +604,20 @@ impl Machine {
             self.outstanding_at_force = Some(obs.outstanding);
             return Step::Teardown(Ending::Forced(reason));
         }
-        if obs.outstanding.is_idle() {
+        if obs.outstanding.is_drained() {
+            // A request in the last quiet period (one served, or one refused at the door) means
+            // a process may still use the mount: once drainfs unmounts, its next write would
+            // land in the directory underneath (the volume) and never reach the bucket. Keep
+            // the mount, refusing new opens, until it has been quiet for [`SETTLE`] (or the quiet
+            // period, if shorter). An idle mount (the usual case once the workload is gone) is
+            // torn down at once.
+            let settle = self.cfg.quiet_period.min(SETTLE);
+            if obs.idle_for < settle {
+                let hold = now + (settle - obs.idle_for);
+                return Step::Wait {
+                    until: Some(hold.min(force_at)),
+                };
+            }
             self.drained_at = Some(now);
             return Step::Teardown(Ending::Drained);
         }
@@ -826,7 +842,7 @@ mod tests {
                 assert_eq!(m.phase(), Phase::DoorClosed);
                 let t1 = t + Duration::from_secs(3);
                 assert_eq!(
-                    m.step(t1, &obs(true, Outstanding::default(), 0)),
+                    m.step(t1, &obs(true, Outstanding::default(), 60_000)),
                     Step::Teardown(Ending::Drained)
                 );
                 assert_eq!(m.milestones(), (Some(t), Some(t1)));
@@ -844,6 +860,58 @@ mod tests {
     }
 
     #[test]
+    fn recent_requests_hold_the_mount_until_it_is_quiet() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::ExitFile { path: "/e".into() }, t);
+        assert_eq!(m.step(t, &obs(false, busy(), 0)), Step::CloseDoor);
+        // Drained, but a request (served or refused) ended 100 ms ago: hold the mount.
+        let idle = Outstanding::default();
+        let s = m.step(t, &obs(true, idle, 100));
+        assert_eq!(
+            s,
+            Step::Wait {
+                until: Some(t + QUIET - Duration::from_millis(100))
+            }
+        );
+        assert_eq!(m.milestones().1, None);
+        // Quiet since: drained.
+        let t1 = t + QUIET;
+        assert_eq!(
+            m.step(t1, &obs(true, idle, QUIET.as_millis() as u64)),
+            Step::Teardown(Ending::Drained)
+        );
+        // An idle mount is torn down at once.
+        let mut m = machine(true);
+        m.mounted();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(m.step(t, &obs(false, idle, 60_000)), Step::CloseDoor);
+        assert_eq!(
+            m.step(t, &obs(true, idle, 60_000)),
+            Step::Teardown(Ending::Drained)
+        );
+    }
+
+    #[test]
+    fn read_handles_and_directories_do_not_hold_the_drain() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        let readers = Outstanding {
+            open_read: 2,
+            open_dirs: 1,
+            ..Default::default()
+        };
+        assert_eq!(m.step(t, &obs(false, readers, 0)), Step::CloseDoor);
+        assert_eq!(
+            m.step(t, &obs(true, readers, 60_000)),
+            Step::Teardown(Ending::Drained)
+        );
+    }
+
+    #[test]
     fn native_sidecar_sigterm_means_workload_gone() {
         let mut m = machine(true);
         m.mounted();
@@ -854,7 +922,7 @@ mod tests {
             Step::CloseDoor
         );
         assert_eq!(
-            m.step(t, &obs(true, Outstanding::default(), 0)),
+            m.step(t, &obs(true, Outstanding::default(), 60_000)),
             Step::Teardown(Ending::Drained)
         );
     }

@@ -425,10 +425,9 @@ impl Filesystem for DrainFs {
                     self.mode = PassthroughMode::Reads;
                 }
                 info.writes_passthrough = d.writes_passthrough;
-                info.data_path_reason = d.reason;
+                info.data_path_reason = d.reason.clone();
                 if !d.reads_passthrough {
-                    info.passthrough_off_reason =
-                        Some(kernel.unwrap_or_else(|| "--passthrough never".to_string()));
+                    info.passthrough_off_reason = Some(kernel.unwrap_or_else(|| d.reason.clone()));
                 }
             }
             Err(e) => {

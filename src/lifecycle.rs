@@ -377,6 +377,10 @@ pub fn clean_stop(st: &WaitStatus, sent: Signal) -> bool {
     }
 }
 
+/// After a clean drain, how long the lower may take to exit on its stop signal before drainfs
+/// ends its (busy) FUSE connection.
+const LOWER_BUSY_AFTER: Duration = Duration::from_millis(500);
+
 /// Timings of the shutdown, milliseconds since the first trigger.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Timings {
@@ -788,7 +792,7 @@ impl Runner {
                         self.open_at_force =
                             core.open_paths(100).into_iter().map(|(p, _)| p).collect();
                         self.opens_at_force = core.admitted_paths(100);
-                        if !out.is_idle() {
+                        if !out.is_drained() {
                             *self.shared.forced.lock().entry(reason).or_default() += 1;
                         }
                         tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, opening = ?self.opens_at_force, "forcing the teardown");
@@ -969,7 +973,37 @@ impl Runner {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
         }
         let wait = self.lower.wait();
-        let mut st = self.bounded(|b| b.lower_stop, wait).await;
+        let mut st = if self.machine.forced().is_none() && self.machine.triggered() {
+            // Drained: nothing can be lost by ending the lower's connection. If its own unmount
+            // is refused (EBUSY: a process still holds a file on it through drainfs's
+            // passthrough, or has its cwd there), gcsfuse keeps running; ending the connection
+            // makes it stop cleanly (its read of /dev/fuse returns ENODEV) instead of waiting
+            // for a SIGKILL.
+            match self
+                .bounded(|b| b.lower_stop.min(LOWER_BUSY_AFTER), wait)
+                .await
+            {
+                Some(st) => Some(st),
+                None => {
+                    if let Some(m) = self
+                        .lower_mount
+                        .clone()
+                        .filter(|m| mount::mount_by_id(m.id).is_some())
+                    {
+                        tracing::info!(lower = %m.mount_point.display(), "the lower is still mounted (busy) after its stop signal; nothing is outstanding, so ending its FUSE connection");
+                        let _ = blocking(move || {
+                            mount::abort_mount(&m);
+                            mount::unmount_mount(&m, true, Duration::from_secs(5))
+                        })
+                        .await;
+                    }
+                    let wait = self.lower.wait();
+                    self.bounded(|b| b.lower_stop, wait).await
+                }
+            }
+        } else {
+            self.bounded(|b| b.lower_stop, wait).await
+        };
         let mut killed = false;
         if st.is_none() {
             tracing::warn!(

@@ -101,16 +101,17 @@ pub fn decide(
                     "--passthrough auto: the lower ({name}) keeps write state per inode, so \
                      writers get kernel passthrough"
                 )),
-                None => reads(format!(
+                None => off(format!(
                     "--passthrough auto: the lower ({fstype} from {source}) is not known to keep \
                      write state per inode (it may upload per file handle, and the kernel's \
-                     passthrough handle never gets a FLUSH): writes are served by drainfs; \
-                     --passthrough always forces passthrough"
+                     passthrough handle never gets a FLUSH; a writer opened while a reader holds \
+                     the inode's backing id would have to be passthrough too): reads and writes \
+                     are served by drainfs; --passthrough reads or always force passthrough"
                 )),
             },
-            None => reads(
-                "--passthrough auto: the lower's file system is unknown: writes are served by \
-                 drainfs"
+            None => off(
+                "--passthrough auto: the lower's file system is unknown: reads and writes are \
+                 served by drainfs"
                     .into(),
             ),
         },
@@ -158,14 +159,14 @@ mod tests {
                 Auto,
                 Some(("fuse.rclone", ":gcs:bucket")),
                 true,
-                true,
+                false,
                 false,
             ),
-            (Auto, Some(("fuse.s3fs", "s3fs")), true, true, false),
+            (Auto, Some(("fuse.s3fs", "s3fs")), true, false, false),
             // A bucket named like a lower proves nothing without the subtype.
-            (Auto, Some(("fuse", "example-bucket")), true, true, false),
-            (Auto, Some(("nfs4", "server:/x")), true, true, false),
-            (Auto, None, true, true, false),
+            (Auto, Some(("fuse", "example-bucket")), true, false, false),
+            (Auto, Some(("nfs4", "server:/x")), true, false, false),
+            (Auto, None, true, false, false),
             (Auto, Some(("fuse.gcsfuse", "b")), false, false, false),
             (Reads, Some(("fuse.gcsfuse", "b")), true, true, false),
             (Reads, Some(("fuse.rclone", "r")), false, false, false),

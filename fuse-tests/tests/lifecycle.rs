@@ -493,6 +493,7 @@ fn native_sidecar_sigterm_closes_the_door_at_once() {
     );
     held.write_all(b"done").unwrap();
     drop(held);
+    // The mount is kept (refusing) briefly after its last request, then torn down.
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
     assert_eq!(std::fs::read(s.bucket.join("h")).unwrap(), b"done");
 }
@@ -822,4 +823,84 @@ fn randomized_stops_never_lose_a_closed_file() {
         closed_total > 0,
         "no file was ever closed: the test checked nothing"
     );
+}
+
+/// A writer that keeps trying after the exit file: its new files are refused (ESHUTDOWN) while
+/// drainfs holds the mount, and drainfs unmounts only once the refusals have stopped for the
+/// quiet period, so no later write lands in the directory underneath (the volume) where it
+/// would never reach the bucket.
+#[test]
+fn refused_writers_keep_the_mount_until_they_stop() {
+    use std::os::fd::IntoRawFd;
+    let mut s = stack(&["--quiet-period", "300ms"], &[], true);
+    let mnt = s.m.mnt.clone();
+    let writer = std::thread::spawn(move || {
+        let (mut closed, mut refused) = (Vec::new(), 0);
+        let t = Instant::now();
+        let mut i = 0;
+        while t.elapsed() < Duration::from_millis(1500) {
+            i += 1;
+            let name = format!("w{i:04}");
+            match std::fs::File::create(mnt.join(&name)) {
+                Ok(mut f) => {
+                    let ok = f.write_all(name.as_bytes()).is_ok();
+                    if nix::unistd::close(f.into_raw_fd()).is_ok() && ok {
+                        closed.push(name);
+                    }
+                }
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN), "{e}");
+                    refused += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (closed, refused)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(20));
+    let (closed, refused) = writer.join().unwrap();
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    assert!(refused > 0, "the door never refused the writer");
+    for name in &closed {
+        assert_eq!(
+            std::fs::read(s.bucket.join(name)).unwrap_or_default(),
+            name.as_bytes(),
+            "{name} closed with 0 but is not in the bucket"
+        );
+    }
+    let underneath: Vec<_> = std::fs::read_dir(&s.m.mnt).unwrap().collect();
+    assert!(
+        underneath.is_empty(),
+        "files landed in the directory under the mountpoint: {underneath:?}"
+    );
+}
+
+/// Files open read-only and open directories have nothing to upload: they do not hold the
+/// drain, and drainfs exits 0 at once instead of waiting for the deadline.
+#[test]
+fn read_handles_and_directories_do_not_hold_the_job() {
+    let mut s = stack(&["--grace-period", "20s"], &[], true);
+    std::fs::write(s.m.path("r.txt"), b"read me").unwrap();
+    std::fs::create_dir(s.m.path("d")).unwrap();
+    let reader = std::fs::File::open(s.m.path("r.txt")).unwrap();
+    let dir = nix::dir::Dir::open(
+        &s.m.mnt,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let t = Instant::now();
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.summary()["forced"], serde_json::Value::Null);
+    drop((reader, dir));
+    s.assert_nothing_mounted();
 }

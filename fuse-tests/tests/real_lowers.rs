@@ -285,6 +285,26 @@ fn gcs_default_flags_every_closed_file_is_complete() {
     s.assert_bucket(&want);
 }
 
+/// Default flags over rclone: a writer that opens a file while a reader holds it open must
+/// work as it does on rclone itself (the new data is uploaded), not be forced onto kernel
+/// passthrough by the reader's backing id (EPERM, and an emptied object).
+#[test]
+fn gcs_default_flags_writer_while_a_reader_holds_the_file() {
+    let _serial = serial();
+    let mut s = stack(Kind::Gcs, None);
+    let old = pattern(7, 512 * 1024);
+    write_file(&s.m.path("rw.dat"), &old).unwrap();
+    let reader = std::fs::File::open(s.m.path("rw.dat")).unwrap();
+    let new = pattern(8, 3 * MIB);
+    write_file(&s.m.path("rw.dat"), &new).expect("the writer's open, writes and close succeed");
+    drop(reader);
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    s.assert_clean_end();
+    s.assert_bucket(&BTreeMap::from([("rw.dat".to_string(), object_of(&new))]));
+}
+
 #[test]
 fn gcs_workload_then_exit_file_uploads_everything() {
     workload_then_exit_file(Kind::Gcs);

@@ -132,6 +132,15 @@ impl Admission {
     }
 }
 
+/// A path relative to the mount as shown in `/status` and the summary: the root is `.`.
+fn shown(p: &Path) -> String {
+    if p.as_os_str().is_empty() {
+        ".".to_string()
+    } else {
+        p.display().to_string()
+    }
+}
+
 /// An admitted open or create in flight (see [`Fs::admit`]); unlisted on drop.
 struct Admitted<'a> {
     fs: &'a Fs,
@@ -1270,7 +1279,7 @@ impl Fs {
         self.handles
             .some(cap)
             .iter()
-            .map(|h| (h.inode.path().display().to_string(), h.mode()))
+            .map(|h| (shown(&h.inode.path()), h.mode()))
             .collect()
     }
 
