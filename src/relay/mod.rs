@@ -7,9 +7,11 @@
 //! - [`proto`]: FUSE header and body parsing (pure);
 //! - [`init`]: the message-size cap and the INIT rewrite (pure);
 //! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
-//! - [`engine`]: the two reader threads and the fd plumbing.
+//! - [`engine`]: the two reader threads;
+//! - [`run`]: the fd plumbing, the daemon process and the lifecycle of `drainfs relay`.
 
 pub mod engine;
 pub mod inflight;
 pub mod init;
 pub mod proto;
+pub mod run;
