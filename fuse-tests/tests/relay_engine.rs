@@ -211,3 +211,44 @@ fn a_socket_too_small_for_one_message_fails_init_loudly() {
     assert!(!serving(&m.mnt()));
     assert_eq!(m.summary()["outcome"], "failed");
 }
+
+/// The kernel side goes away (lazy unmount, or a sysfs abort): the relay sends EOF to the
+/// daemon, which exits cleanly, and the relay exits with the daemon's status.
+fn kernel_gone(how: impl FnOnce(&Path)) {
+    let mut m = start(&[], &[], true);
+    write_file(&m.mnt().join("before.txt"), b"x").unwrap();
+    how(&m.mnt());
+    let st = m.wait_exit(Duration::from_secs(4));
+    assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
+    assert_eq!(m.summary()["daemon_exit"], "exit 0");
+    assert_eq!(std::fs::read(m.bucket().join("before.txt")).unwrap(), b"x");
+}
+
+#[test]
+fn lazy_unmount_stops_the_daemon_cleanly() {
+    kernel_gone(|mnt| {
+        nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    });
+}
+
+#[test]
+fn connection_abort_stops_the_daemon_cleanly() {
+    kernel_gone(|mnt| {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(mnt).unwrap().dev();
+        let minor = nix::sys::stat::minor(dev);
+        let conns = Path::new("/sys/fs/fuse/connections");
+        if std::fs::read_dir(conns).map(|d| d.count()).unwrap_or(0) == 0 {
+            // fusectl is not mounted here; it is a per-system singleton, left mounted.
+            let _ = nix::mount::mount(
+                Some("fusectl"),
+                conns,
+                Some("fusectl"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            );
+        }
+        let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+        std::fs::write(&abort, b"1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    });
+}

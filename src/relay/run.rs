@@ -467,7 +467,7 @@ impl Runner {
                     }
                     Some(EngineEvent::DaemonEof { .. }) | None => {
                         self.t0 = Some(Instant::now());
-                        return Stop::DaemonGone;
+                        return self.daemon_gone_or_kernel_gone();
                     }
                 },
                 st = &mut self.exit_rx, if self.status.is_none() => {
@@ -475,9 +475,20 @@ impl Runner {
                         self.daemon_exited(st);
                     }
                     self.t0 = Some(Instant::now());
-                    return Stop::DaemonGone;
+                    return self.daemon_gone_or_kernel_gone();
                 }
             }
+        }
+    }
+
+    /// The daemon's end closed or the daemon exited: a consequence of the kernel side going
+    /// away (the relay sent it EOF) or a death of its own. The engine's flag is set before
+    /// the EOF is sent, so the two cannot be confused whatever order the events arrive in.
+    fn daemon_gone_or_kernel_gone(&self) -> Stop {
+        if self.relay.kernel_gone() {
+            Stop::KernelGone
+        } else {
+            Stop::DaemonGone
         }
     }
 
