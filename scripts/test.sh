@@ -23,6 +23,12 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 2
 fi
 
+# The FUSE control filesystem (where a connection is aborted): systemd mounts it at boot, a
+# bare VM or container may not have it. drainfs and the relay tests use it.
+if [[ -d /sys/fs/fuse/connections ]] && ! mountpoint -q /sys/fs/fuse/connections; then
+  mount -t fusectl fusectl /sys/fs/fuse/connections
+fi
+
 # FUSE mounts present before the run (anything else running on this machine), so that the
 # final check only blames mounts this run left behind.
 fuse_mounts() { awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | sort; }

@@ -51,8 +51,8 @@ DRAINFS_MODES = {"pt": "auto", "never": "never"}
 PASSTHROUGH_HP_US = {"create": 170.0, "open_close": 90.0, "unlink": 90.0}
 
 PROFILES = {
-    "full": dict(reps=3, runtime="10s", ramp="1s", size="1G", tmpfs="6g", md_files=10000, trigger_runs=20, idle=0.6),
-    "smoke": dict(reps=2, runtime="400ms", ramp="0", size="32M", tmpfs="1g", md_files=400, trigger_runs=5, idle=0.6),
+    "full": dict(reps=3, runtime="10s", ramp="1s", size="1G", tmpfs="6g", md_files=10000, trigger_runs=20, idle=0.6, forced_runs=10),
+    "smoke": dict(reps=2, runtime="400ms", ramp="0", size="32M", tmpfs="1g", md_files=400, trigger_runs=5, idle=0.6, forced_runs=2),
 }
 
 
@@ -123,6 +123,118 @@ class Tracker:
             return False
 
 
+# Forced-path rows: (label, key, limit in ms). The second-signal exit includes the lower's own
+# stop (bucketfs exits on SIGINT once its session ends), which drainfs bounds at 2 s.
+FORCED_ROWS = (
+    ("forced exit: lower SIGKILLed, 3 files open (ms)", "lower_dead", 2000),
+    ("forced exit: 2nd SIGTERM, hung upload (ms)", "second_signal", 2500),
+    ("2nd SIGTERM -> lower's SIGINT (ms)", "second_signal_to_lower_sigint", 500),
+)
+
+
+def child_pids(pid):
+    """PIDs of the direct children of `pid`."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def forced_paths(ctx, out, run):
+    """One run of each forced path: drainfs supervising bucketfs, then (a) bucketfs SIGKILLed
+    while three files are held open on drainfs: time from the kill to drainfs reaped; (b) a
+    second SIGTERM while an upload hangs: time from it to drainfs reaped, and to bucketfs's
+    SIGINT (from its events log)."""
+    for case in ("lower_dead", "second_signal"):
+        d = os.path.join(ctx.work, "forced", f"{case}-{run}")
+        bucket, lower, mnt = (os.path.join(d, x) for x in ("bucket", "lower", "mnt"))
+        for x in (bucket, lower, mnt):
+            os.makedirs(x)
+        events, ready = os.path.join(d, "events.jsonl"), os.path.join(d, "ready")
+        lower_cmd = [ctx.bucketfs, "--bucket", bucket, "--mountpoint", lower, "--events", events]
+        if case == "second_signal":
+            lower_cmd += ["--hang-upload", "stuck"]
+        cmd = [ctx.drainfs, "run", "--lower", lower, "--mountpoint", mnt, "--grace-period", "60s",
+               "--passthrough", "never", "--ready-file", ready, "--"] + lower_cmd
+        logf = open(os.path.join(ctx.logs, f"forced-{case}-{run}.log"), "wb")
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf, restore_signals=True)
+        ctx.tracker.add(p.pid)
+        helpers = []
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(ready):
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError(f"forced {case}: drainfs did not become ready")
+                time.sleep(0.005)
+            if case == "lower_dead":
+                held = [open(os.path.join(mnt, f"held{i}"), "wb") for i in range(3)]
+                for f in held:
+                    f.write(b"data")
+                    f.flush()
+                (lower_pid,) = child_pids(p.pid)
+                t0 = time.perf_counter()
+                os.kill(lower_pid, signal.SIGKILL)
+                p.wait(timeout=30)
+                out.setdefault("lower_dead", []).append((time.perf_counter() - t0) * 1000)
+                for f in held:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+                want = 69
+            else:
+                w = subprocess.Popen(["sh", "-c", f"echo x > {mnt}/stuck.bin"], stderr=subprocess.DEVNULL)
+                ctx.tracker.add(w.pid)
+                helpers.append(w)
+                deadline = time.monotonic() + 30
+                while not any(e.get("event") == "upload_start" for e in read_jsonl(events)):
+                    if time.monotonic() > deadline:
+                        raise BenchError("forced second_signal: the upload never started")
+                    time.sleep(0.005)
+                os.kill(p.pid, signal.SIGTERM)
+                time.sleep(0.2)
+                wall = time.time()
+                t0 = time.perf_counter()
+                os.kill(p.pid, signal.SIGTERM)
+                p.wait(timeout=30)
+                out.setdefault("second_signal", []).append((time.perf_counter() - t0) * 1000)
+                sigint = [e["t_ms"] for e in read_jsonl(events) if e.get("event") == "signal"]
+                if sigint:
+                    out.setdefault("second_signal_to_lower_sigint", []).append(max(0.0, sigint[0] - wall * 1000))
+                want = 75
+            ctx.tracker.reaped(p.pid)
+            if p.returncode != want:
+                raise BenchError(f"forced {case}: drainfs exited {p.returncode}, expected {want}")
+            if is_mounted(mnt) or is_mounted(lower):
+                raise BenchError(f"forced {case}: a mount was left behind")
+        finally:
+            for h in helpers:
+                try:
+                    h.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    ctx.tracker.signal(h.pid, signal.SIGKILL)
+                    h.wait()
+                ctx.tracker.reaped(h.pid)
+            if p.poll() is None:
+                ctx.tracker.signal(p.pid, signal.SIGKILL)
+                p.wait()
+                ctx.tracker.reaped(p.pid)
+            logf.close()
+
+
+def read_jsonl(path):
+    """Complete JSON lines of a file (none if it does not exist yet)."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
 class Drainfs:
     """One `drainfs run` child with its stderr copied to a log file."""
 
@@ -133,17 +245,18 @@ class Drainfs:
         self.extra = extra
         self.log_path = os.path.join(ctx.logs, f"{log_name or name}.log")
         self.summary_path = os.path.join(ctx.logs, f"{log_name or name}.summary.json")
+        self.ready_path = os.path.join(ctx.logs, f"{log_name or name}.ready")
         self.proc = None
-        self.serving = threading.Event()
         self.data_path_line = ""
         self.exit_code = None
 
     def start(self, timeout=30.0):
         os.makedirs(self.mnt, exist_ok=True)
-        if os.path.exists(self.summary_path):
-            os.unlink(self.summary_path)
+        for stale in (self.summary_path, self.ready_path):
+            if os.path.exists(stale):
+                os.unlink(stale)
         cmd = [self.ctx.drainfs, "run", "--lower", self.ctx.lower, "--mountpoint", self.mnt,
-               "--summary-file", self.summary_path] + self.extra
+               "--summary-file", self.summary_path, "--ready-file", self.ready_path] + self.extra
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -158,15 +271,12 @@ class Drainfs:
                 line = raw.decode(errors="replace")
                 if "data path" in line and not self.data_path_line:
                     self.data_path_line = line.strip()
-                if "starting -> serving" in line:
-                    logf.flush()
-                    self.serving.set()
             logf.close()
 
         threading.Thread(target=reader, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.serving.is_set() and is_mounted(self.mnt):
+            if os.path.exists(self.ready_path) and is_mounted(self.mnt):
                 os.stat(self.mnt)  # one round trip answered
                 return self
             if self.proc.poll() is not None:
@@ -342,6 +452,10 @@ def build_rows(ctx, med):
         rows.append((f"trigger->exit idle, {label} (ms)", "-", fmt_num(v["pt"]), "", fmt_num(v["never"]), "",
                      "<50ms", f"pt {yn(ok['pt'])}; never {yn(ok['never'])}"))
 
+    for label, key, lim in FORCED_ROWS:
+        v = med["forced"].get(key)
+        rows.append((label, "-", fmt_num(v), "", "", "", f"<{lim:.0f}ms", yn(None if v is None else v < lim)))
+
     for label, key, lim in (("idle", "idle", 16), ("after fio", "after_fio", 64), ("after metadata", "after_md", None),
                             ("peak (VmHWM)", "peak", None)):
         v = {t: med["rss"].get(f"{key}/{t}") for t in ("pt", "never")}
@@ -414,7 +528,7 @@ def main():
     ctx.logs = os.path.join(ctx.work, "logs")
     # Private copies: a concurrent `cargo build` must not swap the binary under test mid-run.
     os.makedirs(os.path.join(ctx.work, "bin"), exist_ok=True)
-    for name in ("drainfs", "mdbench"):
+    for name in ("drainfs", "mdbench", "bucketfs"):
         src = os.path.join(a.bin_dir, name)
         if not os.access(src, os.X_OK):
             sys.exit(f"bench: {src} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
@@ -431,7 +545,7 @@ def main():
     if a.ttl:
         common += ["--ttl", a.ttl]
 
-    raw = {"fio": {}, "fio_load": {}, "fio_daemon_cpu": {}, "md": {}, "trigger": {}, "rss": {}, "cpu": {}, "drainfs_log": {}, "trigger_summaries": []}
+    raw = {"fio": {}, "fio_load": {}, "fio_daemon_cpu": {}, "md": {}, "trigger": {}, "forced": {}, "rss": {}, "cpu": {}, "drainfs_log": {}, "trigger_summaries": []}
     daemons = []
     t_start = time.monotonic()
     load_start = loadavg()
@@ -526,6 +640,11 @@ def main():
                                                      "timings": (s or {}).get("timings")})
             log(f"trigger-to-exit run {run + 1}/{ctx.p['trigger_runs']}: " + ", ".join(
                 f"{k} {v[-1]:.1f}ms" for k, v in raw["trigger"].items()))
+        # 6. forced paths over the gcsfuse-like bucketfs.
+        for run in range(ctx.p["forced_runs"]):
+            forced_paths(ctx, raw["forced"], run)
+            log(f"forced paths run {run + 1}/{ctx.p['forced_runs']}: " + ", ".join(
+                f"{k} {v[-1]:.1f}ms" for k, v in raw["forced"].items()))
         ok = True
     except BenchError as e:
         log(f"FAILED: {e}")
@@ -549,7 +668,7 @@ def main():
 
     elapsed = time.monotonic() - t_start
     load_end = loadavg()
-    med = {k: {} for k in ("fio", "md", "trigger", "rss", "cpu")}
+    med = {k: {} for k in ("fio", "md", "trigger", "forced", "rss", "cpu")}
     for k, v in raw["cpu"].items():
         med["cpu"][k] = v[0]
     for k, v in raw["fio"].items():
@@ -560,6 +679,8 @@ def main():
         med["md"][k] = {"secs": secs, "ops_per_sec": ops / secs, "us_per_op": secs * 1e6 * th / ops}
     for k, v in raw["trigger"].items():
         med["trigger"][k] = statistics.median(v)
+    for k, v in raw["forced"].items():
+        med["forced"][k] = statistics.median(v)
     for k, v in raw["rss"].items():
         med["rss"][k] = statistics.median(v)
 

@@ -569,3 +569,125 @@ fn signals_never_reach_threads_doing_lower_io() {
     s.m.proc.signal(Signal::SIGTERM);
     assert_eq!(s.wait_exit(Duration::from_secs(20)), 0);
 }
+
+/// An unmount from outside (`umount MNT`) while drainfs serves is a trigger: no panic, the
+/// summary is written with the cause, the lower is stopped cleanly, and the exit status says
+/// everything was synced (nothing was outstanding).
+#[test]
+fn external_unmount_is_a_trigger_not_a_panic() {
+    let mut s = stack(&[], &[], true);
+    std::fs::write(s.m.path("before.txt"), b"synced").unwrap();
+    let out = Command::new("umount").arg(&s.m.mnt).output().unwrap();
+    assert!(out.status.success(), "umount: {out:?}");
+    let code = s.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    let sum = s.summary();
+    assert_eq!(sum["cause"]["cause"], "unmounted_externally", "{sum}");
+    assert_eq!(sum["outcome"], "clean");
+    s.assert_nothing_mounted();
+    assert!(
+        s.events().iter().any(|e| e.is("upload_done", "before.txt")),
+        "the file closed before the unmount was uploaded"
+    );
+}
+
+/// The lower dies while applications hold files open on drainfs: later calls fail at once and
+/// drainfs exits 69 within 2 s, open handles or not (nothing can be synced any more).
+#[test]
+fn lower_death_with_open_handles_exits_within_two_seconds() {
+    for mode in ["always", "never"] {
+        let mut s = stack(&["--passthrough", mode, "--grace-period", "60s"], &[], true);
+        let held: Vec<std::fs::File> = (0..3)
+            .map(|i| {
+                let mut f = std::fs::File::create(s.m.path(&format!("held{i}.bin"))).unwrap();
+                f.write_all(b"data").unwrap();
+                f
+            })
+            .collect();
+        let reader = std::fs::File::open(s.m.path("held0.bin")).unwrap();
+        let t = Instant::now();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.lower_pid()), Signal::SIGKILL).unwrap();
+        let code = s.wait_exit(Duration::from_secs(10));
+        let took = t.elapsed();
+        assert_eq!(code, 69, "mode {mode}: {}", s.m.proc.stderr_text());
+        assert!(
+            took < Duration::from_secs(2),
+            "mode {mode}: drainfs took {took:?} to exit after the lower died"
+        );
+        // The held files fail at once afterwards (no hang).
+        let t = Instant::now();
+        let mut f = &held[1];
+        assert!(f.write_all(b"more").and_then(|()| f.sync_all()).is_err());
+        assert!(t.elapsed() < Duration::from_secs(1));
+        drop((held, reader));
+        assert_eq!(s.summary()["cause"]["cause"], "lower_died");
+        s.assert_nothing_mounted();
+    }
+}
+
+/// How long the lower gets after a second signal (`drain::SECOND_SIGNAL_LOWER`).
+const SECOND_SIGNAL_LOWER: Duration = Duration::from_secs(2);
+
+/// A second SIGTERM while a FLUSH hangs: drainfs sends the lower its stop signal within
+/// 500 ms, gives it a bounded chance to exit (never a SIGKILL a few milliseconds after the
+/// SIGINT), and exits 75 naming the stuck file.
+#[test]
+fn second_signal_stops_the_lower_promptly_and_gives_it_a_chance() {
+    let mut s = stack(
+        &["--passthrough", "never", "--grace-period", "60s"],
+        &["--hang-upload", "stuck"],
+        true,
+    );
+    let path = s.m.path("stuck.bin");
+    let hung = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        let _ = f.write_all(b"x");
+    });
+    assert!(wait_until(Duration::from_secs(10), || s
+        .events()
+        .iter()
+        .any(|e| e.is("upload_start", "stuck.bin"))));
+    s.m.proc.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    let second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let t = Instant::now();
+    s.m.proc.signal(Signal::SIGTERM);
+    let code = s.wait_exit(Duration::from_secs(10));
+    let took = t.elapsed();
+    assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
+    let ev = s.events();
+    let sigint = ev
+        .iter()
+        .find(|e| e.event == "signal")
+        .map(|e| e.t_ms)
+        .expect("the lower got its stop signal");
+    assert!(
+        sigint.saturating_sub(second) < 500,
+        "SIGINT reached the lower {} ms after the second SIGTERM",
+        sigint.saturating_sub(second)
+    );
+    // bucketfs exits on SIGINT once its (hung) session lets it; either it exited by itself or it
+    // was SIGKILLed after its chance, which must have been at least a second.
+    let exited = ev.iter().any(|e| e.event == "exit");
+    if !exited {
+        assert!(
+            took >= Duration::from_secs(1),
+            "the lower was SIGKILLed {took:?} after the second signal"
+        );
+    }
+    assert!(
+        took < Duration::from_millis(500) + SECOND_SIGNAL_LOWER + Duration::from_millis(500),
+        "drainfs took {took:?} after the second signal"
+    );
+    let sum = s.summary();
+    assert_eq!(sum["forced"], "second_signal");
+    assert!(
+        sum["open_paths"].to_string().contains("stuck.bin"),
+        "summary names the stuck file: {sum}"
+    );
+    s.assert_nothing_mounted();
+    hung.join().unwrap();
+}
