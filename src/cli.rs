@@ -13,13 +13,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
     AdminConfig, FsConfig, LifecycleConfig, LogConfig, LogFormat, LowerProcess, PassthroughMode,
-    RunConfig,
+    RelayConnection, RelayOptions, RunConfig,
 };
 
 const HEADING_FS: &str = "Filesystem";
 const HEADING_LOWER: &str = "Lower process";
 const HEADING_SHUTDOWN: &str = "Shutdown";
 const HEADING_OBS: &str = "Observability and control";
+const HEADING_RELAY: &str = "Relay";
 
 /// drainfs: a FUSE passthrough mount in front of gcsfuse that drains in-flight I/O before the
 /// sidecar exits.
@@ -92,9 +93,10 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/drainfs/control.sock";
 /// Arguments of `drainfs run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves.
-    #[arg(long, env = "DRAINFS_LOWER", help_heading = HEADING_FS)]
-    pub lower: PathBuf,
+    /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves (not used
+    /// with `--relay`).
+    #[arg(long, env = "DRAINFS_LOWER", required_unless_present = "relay", help_heading = HEADING_FS)]
+    pub lower: Option<PathBuf>,
 
     /// Where drainfs mounts itself (where the application expects the bucket).
     #[arg(long, env = "DRAINFS_MOUNTPOINT", help_heading = HEADING_FS)]
@@ -193,9 +195,66 @@ pub struct RunArgs {
     #[arg(long)]
     pub check_config: bool,
 
+    /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
+    /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
+    /// socket) instead of serving a view of a lower directory.
+    #[arg(long, env = "DRAINFS_RELAY", requires = "command", conflicts_with_all = ["lower", "lower_pid"], help_heading = HEADING_RELAY)]
+    pub relay: bool,
+
+    /// Relay options (with `--relay`).
+    #[command(flatten)]
+    pub relay_opts: RelayOptArgs,
+
     /// The lower's process and its arguments, e.g. `gcsfuse --foreground BUCKET LOWER`.
     #[arg(last = true, id = "command")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
+#[derive(Debug, Args)]
+pub struct RelayOptArgs {
+    /// SO_SNDBUF/SO_RCVBUF to request on both ends of the socketpair, bytes (default:
+    /// net.core.wmem_max). The message-size cap follows from what the kernel grants.
+    #[arg(long, env = "DRAINFS_SOCKET_BUFFER", help_heading = HEADING_RELAY)]
+    pub socket_buffer: Option<usize>,
+
+    /// Largest FUSE message payload relayed (the kernel's max_write and max_pages), bytes,
+    /// rounded down to whole 4 KiB pages; lowered to what the socket buffers carry.
+    /// Larger messages need larger contiguous kernel allocations per datagram.
+    #[arg(long, env = "DRAINFS_MAX_MESSAGE", default_value_t = crate::relay::init::DEFAULT_MAX_MESSAGE, value_parser = parse_max_message, help_heading = HEADING_RELAY)]
+    pub max_message: u32,
+
+    /// If the daemon has not answered the kernel's INIT after this long, answer it EIO (the
+    /// mount fails instead of hanging), stop the daemon and exit 69.
+    #[arg(long, env = "DRAINFS_INIT_TIMEOUT", value_parser = parse_duration, default_value = "30s", help_heading = HEADING_RELAY)]
+    pub init_timeout: Duration,
+}
+
+impl RelayOptArgs {
+    fn into_options(self, connection: RelayConnection) -> RelayOptions {
+        RelayOptions {
+            connection,
+            socket_buffer: self.socket_buffer,
+            max_message: self.max_message,
+            init_timeout: self.init_timeout,
+        }
+    }
+}
+
+/// Parses `--max-message`: bytes, between 4096 and 1 MiB.
+///
+/// # Errors
+/// A readable message for anything else.
+pub fn parse_max_message(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    let max = crate::relay::init::MAX_CAP;
+    if !(4096..=max).contains(&n) {
+        return Err(format!("`{s}` is outside 4096..={max} bytes"));
+    }
+    Ok(n)
 }
 
 /// Arguments of `drainfs relay`.
@@ -205,10 +264,9 @@ pub struct RelayArgs {
     #[arg(long, env = "DRAINFS_KERNEL_FD", help_heading = HEADING_FS)]
     pub kernel_fd: Option<i32>,
 
-    /// SO_SNDBUF/SO_RCVBUF to request on both ends of the socketpair, bytes (default:
-    /// net.core.wmem_max). The message-size cap follows from what the kernel grants.
-    #[arg(long, env = "DRAINFS_SOCKET_BUFFER", help_heading = HEADING_FS)]
-    pub socket_buffer: Option<usize>,
+    /// Socketpair and INIT options.
+    #[command(flatten)]
+    pub relay_opts: RelayOptArgs,
 
     /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
     #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
@@ -248,11 +306,11 @@ pub struct RelayArgs {
     #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
     pub log_level: Option<String>,
 
-    /// Admin HTTP address (accepted; not yet served in relay mode).
+    /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
     #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
     pub admin_addr: Option<SocketAddr>,
 
-    /// Control socket (accepted; not yet served in relay mode).
+    /// Listen for control commands (status, drain, shutdown, wait) on this unix socket (0600).
     #[arg(long, env = "DRAINFS_CONTROL_SOCKET", help_heading = HEADING_OBS)]
     pub control_socket: Option<PathBuf>,
 
@@ -266,15 +324,19 @@ pub struct RelayArgs {
 }
 
 impl RelayArgs {
-    /// Converts the parsed arguments into the relay's configuration.
-    pub fn into_config(self) -> crate::relay::run::RelayConfig {
+    /// Converts the parsed arguments into the run configuration of a relay over an inherited
+    /// connection (SIGTERM always means the workload is gone).
+    pub fn into_config(self) -> RunConfig {
         let grace_margin = self.grace_margin.unwrap_or_else(|| {
             (self.grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
         });
-        crate::relay::run::RelayConfig {
-            argv: self.command.clone(),
-            kernel_fd: self.kernel_fd,
-            socket_buffer: self.socket_buffer,
+        RunConfig {
+            fs: relay_fs(PathBuf::new()),
+            check_config: false,
+            relay: Some(
+                self.relay_opts
+                    .into_options(RelayConnection::Inherited { fd: self.kernel_fd }),
+            ),
             lifecycle: LifecycleConfig {
                 lower_process: LowerProcess::Spawn { argv: self.command },
                 lower_ready_timeout: Duration::ZERO,
@@ -315,6 +377,18 @@ pub enum PassthroughArg {
     Never,
     /// Kernel passthrough for read-only opens only.
     Reads,
+}
+
+/// The (unused) filesystem settings of a relay: only the mountpoint matters.
+fn relay_fs(mountpoint: PathBuf) -> FsConfig {
+    FsConfig {
+        lower: PathBuf::new(),
+        mountpoint,
+        passthrough: PassthroughMode::Never,
+        threads: 1,
+        ttl: Duration::ZERO,
+        max_lower_fds: None,
+    }
 }
 
 /// `--log-format` values.
@@ -384,15 +458,25 @@ impl RunArgs {
         } else {
             LowerProcess::Spawn { argv: self.command }
         };
-        RunConfig {
-            fs: FsConfig {
-                lower: self.lower,
+        let (fs, relay) = if self.relay {
+            (
+                relay_fs(self.mountpoint),
+                Some(self.relay_opts.into_options(RelayConnection::SelfMounted)),
+            )
+        } else {
+            let fs = FsConfig {
+                lower: self.lower.unwrap_or_default(),
                 mountpoint: self.mountpoint,
                 passthrough,
                 threads: usize::from(self.threads),
                 ttl: self.ttl,
                 max_lower_fds: self.max_lower_fds,
-            },
+            };
+            (fs, None)
+        };
+        RunConfig {
+            fs,
+            relay,
             lifecycle: LifecycleConfig {
                 lower_process,
                 lower_ready_timeout: self.lower_ready_timeout,

@@ -32,7 +32,7 @@ fn main() {
             let native = std::env::var("NATIVE_SIDECAR").ok();
             drainfs::run::main(args.into_config(native.as_deref()), drainfs::admin::start)
         }
-        Command::Relay(args) => drainfs::relay::run::main(args.into_config()),
+        Command::Relay(args) => drainfs::run::main(args.into_config(), drainfs::admin::start),
         other => drainfs::control::client(other),
     };
     std::process::exit(code);

@@ -84,6 +84,10 @@ pub struct Summary {
     pub counts: Counts,
     /// Anything else worth knowing.
     pub notes: Vec<String>,
+    /// `mount` or `relay`.
+    pub data_path: &'static str,
+    /// The relay's INIT caps, socket buffers and counters (relay only).
+    pub relay: Option<crate::relay::engine::RelayStatus>,
 }
 
 /// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename.
@@ -165,6 +169,8 @@ mod tests {
             failed_flushes: vec![],
             counts: Counts::default(),
             notes: vec![],
+            data_path: "mount",
+            relay: None,
         };
         let t = for_termination_log(&s);
         assert!(t.len() <= TERMINATION_LOG_CAP);

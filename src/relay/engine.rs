@@ -1,9 +1,10 @@
 //! The relay engine: two reader threads moving FUSE messages between the kernel's fd and the
 //! daemon's socket, with the accounting of [`super::inflight`] in between.
 //!
-//! - The **kernel reader** reads one request per `read(2)` from the kernel fd, decides under
-//!   the state mutex ([`Inflight::admit`]) whether to forward it, answer it itself (door,
-//!   daemon gone) or drop it, and sends forwarded requests to the socket in the order read.
+//! - The **kernel reader** reads one request per `read(2)` from the kernel fd, counts it in the
+//!   shared [`Accounting`] (entering the gate), reads the door, decides under the state mutex
+//!   ([`Inflight::admit`]) whether to forward it, answer it itself (door, daemon gone) or drop
+//!   it, and sends forwarded requests to the socket in the order read.
 //!   It is the only sender on the socket, so the kernel's order (INTERRUPT after its original,
 //!   FORGET after the LOOKUP reply it follows) is kept end to end.
 //! - The **daemon reader** receives one reply per datagram, writes it to the kernel and then
@@ -21,35 +22,72 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, Shutdown};
 use parking_lot::Mutex;
+use serde::Serialize;
 
-use super::inflight::{Admit, Counters, Inflight, Outstanding};
+use super::inflight::{Admit, Counters, Inflight, accounting_op};
 use super::init::{self, InitCaps};
 use super::proto::{self, InHeader, Opcode, OutHeader};
+use crate::accounting::{Accounting, Outstanding};
 
 /// Sizes the engine works with, derived from the socket buffers obtained.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Payload cap ([`init::compute_cap`]); `None` when the socket cannot carry a minimal
-    /// message, in which case INIT is answered EIO.
+    /// Payload cap: [`init::compute_cap`] of the buffers, at most the configured maximum
+    /// message; `None` when the socket cannot carry a minimal message, in which case INIT is
+    /// answered EIO.
     pub cap: Option<u32>,
+    /// The cap the socket buffers alone would allow (`None`: not even a minimal message).
+    pub buffer_cap: Option<u32>,
     /// Largest datagram the relay's end can send (its SO_SNDBUF - 32).
     pub datagram_limit: usize,
     /// Receive buffer for the daemon's messages: at least the largest datagram the daemon's
     /// end can send, so nothing is truncated.
     pub daemon_recv_buffer: usize,
+    /// SO_SNDBUF of the relay's end, as read back.
+    pub sndbuf_relay: usize,
+    /// SO_SNDBUF of the daemon's end, as read back.
+    pub sndbuf_daemon: usize,
 }
 
 impl Limits {
-    /// Limits for a socketpair whose ends have these SO_SNDBUF values (as read back).
-    pub fn from_sndbufs(sndbuf_relay: usize, sndbuf_daemon: usize) -> Limits {
-        let cap = init::compute_cap(sndbuf_relay, sndbuf_daemon);
+    /// Limits for a socketpair whose ends have these SO_SNDBUF values (as read back), with
+    /// the payload cap at most `max_message` bytes (rounded down to whole pages).
+    pub fn from_sndbufs(sndbuf_relay: usize, sndbuf_daemon: usize, max_message: u32) -> Limits {
+        let buffer_cap = init::compute_cap(sndbuf_relay, sndbuf_daemon);
+        let cap = buffer_cap.map(|c| c.min(max_message / init::PAGE * init::PAGE).max(init::PAGE));
         let dgram = |b: usize| b.saturating_sub(init::DGRAM_OVERHEAD as usize);
         Limits {
             cap,
+            buffer_cap,
             datagram_limit: dgram(sndbuf_relay),
             daemon_recv_buffer: dgram(sndbuf_daemon).clamp(init::read_buffer(cap), 16 << 20),
+            sndbuf_relay,
+            sndbuf_daemon,
         }
     }
+}
+
+/// The relay's part of `/status` and of the shutdown summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayStatus {
+    /// What INIT negotiated (once the daemon answered it).
+    pub init: Option<InitCaps>,
+    /// The message payload cap in use (bytes).
+    pub cap: Option<u32>,
+    /// The cap the socket buffers alone would allow (bytes).
+    pub buffer_cap: Option<u32>,
+    /// SO_SNDBUF of the relay's end, as read back (bytes).
+    pub sndbuf_relay: usize,
+    /// SO_SNDBUF of the daemon's end, as read back (bytes).
+    pub sndbuf_daemon: usize,
+    /// Requests forwarded and awaiting the daemon's reply.
+    pub awaiting_daemon: usize,
+    /// The kernel side of the connection is gone.
+    pub kernel_gone: bool,
+    /// The daemon's end of the socket is gone.
+    pub daemon_gone: bool,
+    /// Counters.
+    pub counts: Counters,
 }
 
 /// Something the engine reports to whoever drives the lifecycle.
@@ -76,12 +114,23 @@ pub struct Relay {
     kernel: OwnedFd,
     sock: OwnedFd,
     limits: Limits,
+    acct: Arc<Accounting>,
     state: Mutex<Inflight>,
-    changed: tokio::sync::Notify,
     init: Mutex<Option<InitCaps>>,
+    /// The kernel's INIT request while it awaits the daemon's reply.
+    init_unique: Mutex<Option<u64>>,
     shut_wr: AtomicBool,
     kernel_gone: AtomicBool,
     on_event: OnEvent,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("limits", &self.limits)
+            .field("kernel_gone", &self.kernel_gone())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The reader threads of a started relay.
@@ -100,7 +149,8 @@ const SEND_RETRY_BUDGET: Duration = Duration::from_secs(5);
 
 impl Relay {
     /// Starts the two reader threads over `kernel` (the FUSE connection) and `sock` (the
-    /// relay's end of the socketpair, blocking). `on_event` is called from those threads.
+    /// relay's end of the socketpair, blocking), counting requests and handles in `acct`.
+    /// `on_event` is called from those threads.
     ///
     /// # Errors
     /// Thread spawn failure.
@@ -108,15 +158,17 @@ impl Relay {
         kernel: OwnedFd,
         sock: OwnedFd,
         limits: Limits,
+        acct: Arc<Accounting>,
         on_event: impl Fn(EngineEvent) + Send + Sync + 'static,
     ) -> std::io::Result<(Arc<Relay>, Threads)> {
         let relay = Arc::new(Relay {
             kernel,
             sock,
             limits,
-            state: Mutex::new(Inflight::default()),
-            changed: tokio::sync::Notify::new(),
+            state: Mutex::new(Inflight::new(Arc::clone(&acct))),
+            acct,
             init: Mutex::new(None),
+            init_unique: Mutex::new(None),
             shut_wr: AtomicBool::new(false),
             kernel_gone: AtomicBool::new(false),
             on_event: Box::new(on_event),
@@ -137,24 +189,36 @@ impl Relay {
         self.limits
     }
 
-    /// Closes the door: new OPEN/CREATE/MKDIR/MKNOD/SYMLINK/LINK/RENAME are answered
-    /// ESHUTDOWN from now on. Every request admitted before this call is already counted in
-    /// [`Relay::outstanding`] (see [`super::inflight`]).
+    /// Closes the door (the accounting's): new OPEN/CREATE/MKDIR/MKNOD/SYMLINK/LINK/RENAME
+    /// are answered ESHUTDOWN from now on.
     pub fn close_door(&self) {
-        self.state.lock().close_door();
-        self.changed.notify_waiters();
+        self.acct.close_door();
     }
 
-    /// What is outstanding now.
+    /// What is outstanding now (the accounting's counts).
     pub fn outstanding(&self) -> Outstanding {
-        self.state.lock().outstanding(Instant::now())
+        self.acct.outstanding()
     }
 
-    /// Signalled whenever a request completes or a handle is released. Create (and
-    /// `enable`) the `Notified` future before reading [`Relay::outstanding`], or a change
-    /// between the read and the wait is lost.
-    pub fn changed(&self) -> &tokio::sync::Notify {
-        &self.changed
+    /// A snapshot for `/status` and the summary.
+    pub fn status(&self) -> RelayStatus {
+        let s = self.state.lock();
+        RelayStatus {
+            init: *self.init.lock(),
+            cap: self.limits.cap,
+            buffer_cap: self.limits.buffer_cap,
+            sndbuf_relay: self.limits.sndbuf_relay,
+            sndbuf_daemon: self.limits.sndbuf_daemon,
+            awaiting_daemon: s.in_flight(),
+            kernel_gone: self.kernel_gone(),
+            daemon_gone: s.is_daemon_gone(),
+            counts: s.counters.clone(),
+        }
+    }
+
+    /// Requests the relay has forwarded and awaits the daemon's reply for.
+    pub fn in_flight(&self) -> usize {
+        self.state.lock().in_flight()
     }
 
     /// Counters so far.
@@ -197,13 +261,29 @@ impl Relay {
     /// socket end). Returns how many requests were answered.
     pub fn fail_all(&self) -> usize {
         let gone = self.state.lock().daemon_gone();
-        for (unique, _) in &gone {
-            let _ = self.write_kernel(&proto::error_reply(*unique, libc::EIO));
-        }
         let n = gone.len();
+        for (unique, mut p) in gone {
+            let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+            p.fail();
+        }
         self.state.lock().counters.answered_daemon_gone += n as u64;
-        self.changed.notify_waiters();
         n
+    }
+
+    /// Answers the kernel's INIT with EIO if the daemon has not answered it (the mount then
+    /// fails with ECONNREFUSED instead of hanging). Returns whether INIT was still pending.
+    pub fn fail_init(&self) -> bool {
+        let Some(unique) = self.init_unique.lock().take() else {
+            return false;
+        };
+        let pending = self.state.lock().take(unique);
+        if let Some(mut p) = pending {
+            tracing::error!("relay: the daemon did not answer INIT in time; answering it EIO");
+            let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+            p.fail();
+            return true;
+        }
+        false
     }
 
     fn emit(&self, ev: EngineEvent) {
@@ -256,6 +336,11 @@ impl Relay {
     fn on_kernel_gone(&self, e: Errno) {
         tracing::info!(error = %e, "relay: the kernel side of the FUSE connection is gone");
         self.kernel_gone.store(true, Ordering::SeqCst);
+        // No RELEASE will ever come: the handles stop counting.
+        let released = self.state.lock().release_all_handles();
+        if released > 0 {
+            tracing::info!(released, "relay: handles the kernel will never release");
+        }
         self.stop();
         self.emit(EngineEvent::KernelGone(e));
     }
@@ -285,14 +370,17 @@ impl Relay {
             self.emit(EngineEvent::InitFailed);
             return;
         }
-        // The single admission point: door check and in-flight insert in one critical section.
+        // The single admission point: count (enter the gate), then read the door.
+        let guard = self.acct.op_owned(accounting_op(h.opcode));
+        let door_open = self.acct.door_open();
         let decision = self
             .state
             .lock()
-            .admit(&h, InHeader::body(msg), Instant::now());
+            .admit(&h, InHeader::body(msg), guard, door_open);
         match decision {
             Admit::Forward => {
                 if h.opcode == Opcode::Init {
+                    *self.init_unique.lock() = Some(h.unique);
                     let cleared = init::rewrite_init_request(msg);
                     if cleared != 0 {
                         tracing::debug!(flags2_cleared = cleared, "relay: masked INIT flags");
@@ -338,17 +426,17 @@ impl Relay {
             } else if !self.shut_wr.load(Ordering::SeqCst) && !self.daemon_gone() {
                 tracing::warn!(op = h.opcode.name(), error = %e, "relay: sending a request to the daemon failed");
             }
-            let answered = {
+            let pending = {
                 let mut s = self.state.lock();
-                let was = s.complete(h.unique);
-                if was {
+                let p = s.take(h.unique);
+                if p.is_some() {
                     s.counters.answered_send_failed += 1;
                 }
-                was
+                p
             };
-            if answered {
+            if let Some(mut p) = pending {
                 let _ = self.write_kernel(&proto::error_reply(h.unique, libc::EIO));
-                self.changed.notify_waiters();
+                p.fail();
             }
         }
     }
@@ -423,10 +511,10 @@ impl Relay {
         if let Some(u) = proto::salvage_unique(msg)
             && u != 0
             && u & proto::INT_REQ_BIT == 0
-            && self.state.lock().complete(u)
+            && let Some(mut p) = self.state.lock().take(u)
         {
             let _ = self.write_kernel(&proto::error_reply(u, libc::EIO));
-            self.changed.notify_waiters();
+            p.fail();
         }
     }
 
@@ -462,8 +550,10 @@ impl Relay {
             .on_reply(h.unique, h.error, OutHeader::body(msg));
         let mut owned;
         let mut out = msg;
-        if let Some(p) = pending
-            && p.opcode == Opcode::Init
+        if pending == Some(Opcode::Init) {
+            self.init_unique.lock().take();
+        }
+        if pending == Some(Opcode::Init)
             && let Some(cap) = self.limits.cap
         {
             owned = msg.to_vec();
@@ -501,7 +591,6 @@ impl Relay {
         {
             tracing::debug!(unique, error = %e, "relay: the kernel refused a reply");
         }
-        self.changed.notify_waiters();
     }
 }
 

@@ -15,6 +15,10 @@ use super::proto::{self, OUT_HEADER_LEN, put_u16, put_u32, u16_at, u32_at};
 pub const PAGE: u32 = 4096;
 /// Largest cap the relay uses: 1 MiB, jacobsa/fuse's default `max_write`.
 pub const MAX_CAP: u32 = 1 << 20;
+/// The default largest message payload (`--max-message`): 128 KiB, as Android's AppFuse and
+/// ndfuse use. Larger datagrams need larger linear skb allocations in the kernel (order 6 at
+/// 256 KiB), which can fail with ENOBUFS under memory fragmentation.
+pub const DEFAULT_MAX_MESSAGE: u32 = 128 << 10;
 /// Per-datagram overhead `unix_dgram_sendmsg` subtracts from `sk_sndbuf`.
 pub const DGRAM_OVERHEAD: u32 = 32;
 /// Room for headers and request structs on top of the payload cap (a WRITE carries 80 bytes).

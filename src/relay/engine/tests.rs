@@ -37,7 +37,7 @@ fn start_with(limits: Limits) -> Harness {
     let (d_relay, d_test) = pair();
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let (relay, _threads) = Relay::start(k_relay, d_relay, limits, move |ev| {
+    let (relay, _threads) = Relay::start(k_relay, d_relay, limits, Accounting::new(), move |ev| {
         let _ = tx.lock().unwrap().send(ev);
     })
     .unwrap();
@@ -50,7 +50,7 @@ fn start_with(limits: Limits) -> Harness {
 }
 
 fn start() -> Harness {
-    start_with(Limits::from_sndbufs(425_984, 425_984))
+    start_with(Limits::from_sndbufs(425_984, 425_984, init::MAX_CAP))
 }
 
 /// One message from `fd` within `T`, or `None` on timeout; `Some(vec![])` is EOF.
@@ -125,7 +125,11 @@ fn init_out(max_write: u32, flags: u32, max_pages: u16) -> Vec<u8> {
 
 #[test]
 fn init_is_rewritten_both_ways() {
-    let h = start_with(Limits::from_sndbufs(128 * 1024 + 4096 + 32, 1 << 20));
+    let h = start_with(Limits::from_sndbufs(
+        128 * 1024 + 4096 + 32,
+        1 << 20,
+        init::MAX_CAP,
+    ));
     let passthrough = 1 << 5;
     send(
         &h.kernel,
@@ -161,7 +165,7 @@ fn init_is_rewritten_both_ways() {
 
 #[test]
 fn init_fails_loudly_when_the_socket_is_too_small() {
-    let h = start_with(Limits::from_sndbufs(8000, 8000));
+    let h = start_with(Limits::from_sndbufs(8000, 8000, init::MAX_CAP));
     assert_eq!(h.relay.limits().cap, None);
     send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
     let r = recv(&h.kernel);
@@ -224,8 +228,9 @@ fn in_flight_counts_and_handles() {
     recv(h.d());
     recv(h.d());
     let o = h.relay.outstanding();
-    assert_eq!((o.in_flight, o.flush_fsync), (2, 2));
-    assert!(!o.is_drained());
+    assert_eq!(o.in_flight, 2);
+    assert_eq!(h.relay.in_flight(), 2);
+    assert!(!o.is_idle());
     // RELEASE removes the handle at the request.
     let mut rel = 9u64.to_le_bytes().to_vec();
     rel.extend_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
@@ -237,7 +242,7 @@ fn in_flight_counts_and_handles() {
         send(h.d(), &reply(u, 0, &[]));
         recv(&h.kernel);
     }
-    assert!(h.wait_outstanding(|o| o.is_drained()).is_drained());
+    assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
 }
 
 #[test]
@@ -321,6 +326,54 @@ fn stop_sends_shut_wr_and_keeps_reading_until_eof() {
 }
 
 #[test]
+fn max_message_caps_below_the_buffers() {
+    let l = Limits::from_sndbufs(425_984, 425_984, init::DEFAULT_MAX_MESSAGE);
+    assert_eq!((l.cap, l.buffer_cap), (Some(128 * 1024), Some(408 * 1024)));
+    // The read buffer follows the cap (and bounds BATCH_FORGET).
+    assert_eq!(init::read_buffer(l.cap), 132 * 1024);
+    let l = Limits::from_sndbufs(425_984, 425_984, 1 << 20);
+    assert_eq!(l.cap, Some(408 * 1024));
+    let l = Limits::from_sndbufs(425_984, 425_984, 100_000);
+    assert_eq!(l.cap, Some(96 * 1024), "whole pages");
+    assert_eq!(Limits::from_sndbufs(8000, 8000, 1 << 20).cap, None);
+}
+
+#[test]
+fn init_timeout_answers_the_kernel_eio_and_a_late_reply_is_dropped() {
+    let h = start();
+    send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
+    recv(h.d());
+    assert!(h.relay.fail_init());
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
+    assert!(!h.relay.fail_init(), "only once");
+    assert_eq!(h.relay.outstanding().in_flight, 0);
+    // The daemon's late reply is not for a pending request.
+    send(h.d(), &reply(2, 0, &init_out(1 << 20, 0, 0)));
+    recv(&h.kernel);
+    assert_eq!(h.relay.counters().unknown_replies, 1);
+    assert_eq!(h.relay.init_caps(), None);
+}
+
+#[test]
+fn kernel_gone_releases_handles_and_sends_eof_to_the_daemon() {
+    let mut h = start();
+    let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
+    open.extend_from_slice(&[0; 4]);
+    send(&h.kernel, &request(14, 2, 7, &open));
+    recv(h.d());
+    send(h.d(), &reply(2, 0, &[0; 16]));
+    recv(&h.kernel);
+    assert_eq!(h.wait_outstanding(|o| o.open_write == 1).open_write, 1);
+    let k = std::mem::replace(&mut h.kernel, pair().0);
+    drop(k);
+    assert_eq!(h.event(), EngineEvent::KernelGone(Errno::ENODEV));
+    assert_eq!(recv(h.d()), Vec::<u8>::new());
+    assert!(h.relay.kernel_gone());
+    assert!(h.relay.outstanding().is_idle());
+}
+
+#[test]
 fn kernel_gone_sends_eof_to_the_daemon() {
     let mut h = start();
     let k = std::mem::replace(&mut h.kernel, pair().0);
@@ -352,7 +405,8 @@ fn emsgsize_is_answered_eio() {
     let (relay, _t) = Relay::start(
         k_relay,
         d_relay,
-        Limits::from_sndbufs(1 << 20, 1 << 20),
+        Limits::from_sndbufs(1 << 20, 1 << 20, init::MAX_CAP),
+        Accounting::new(),
         |_| {},
     )
     .unwrap();
