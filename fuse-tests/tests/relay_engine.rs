@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use fuse_tests::harness::{Proc, bin, force_unmount, wait_until};
+use fuse_tests::harness::{Proc, bin, force_unmount, is_mounted, wait_until};
 use nix::sys::signal::Signal;
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -262,4 +262,215 @@ fn connection_abort_stops_the_daemon_cleanly() {
         let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
         std::fs::write(&abort, b"1").unwrap_or_else(|e| panic!("{abort}: {e}"));
     });
+}
+
+/// Runs `f` on another thread; `None` if it does not finish within `t`.
+fn within<T: Send + 'static>(t: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(t).ok()
+}
+
+#[test]
+fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fuse: OwnedFd = nix::fcntl::open(
+        "/dev/fuse",
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let n = fuse.as_raw_fd();
+    nix::mount::mount(
+        Some("relay-test"),
+        &mnt,
+        Some("fuse"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(format!("fd={n},rootmode=40000,user_id=0,group_id=0").as_str()),
+    )
+    .unwrap();
+    // A "daemon" that never reads its socket (nor exits on EOF).
+    let mut cmd = Command::new(bin("drainfs"));
+    cmd.args([
+        "relay",
+        "--socket-buffer",
+        "212992",
+        "--init-timeout",
+        "300ms",
+    ])
+    .arg("--summary-file")
+    .arg(dir.path().join("summary.json"))
+    .args(["--", "sh", "-c", "sleep 30", "sh"])
+    .arg(format!("/dev/fd/{n}"))
+    .stdin(Stdio::null());
+    let mut m = RelayMount {
+        drainfs: Proc::spawn(cmd),
+        dir,
+    };
+    drop(fuse);
+    let t = Instant::now();
+    let st = m.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(69), "{}", m.drainfs.stderr_text());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let s = m.summary();
+    assert_eq!(s["outcome"], "lower_failed");
+    assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
+    // The kernel's INIT was answered with an error: the mount fails at once, never hangs.
+    let mp = m.mnt();
+    let r = within(Duration::from_secs(2), move || {
+        nix::sys::statfs::statfs(&mp).map(drop)
+    })
+    .expect("statfs on the mount hangs");
+    assert!(r.is_err(), "the mount answered statfs");
+}
+
+#[test]
+fn run_relay_mounts_relays_and_stops_on_an_exit_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    let bucket = dir.path().join("bucket");
+    let exit_file = dir.path().join("exit");
+    let ready = dir.path().join("ready");
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::create_dir(&bucket).unwrap();
+    let mut cmd = Command::new(bin("drainfs"));
+    cmd.args(["run", "--relay", "--socket-buffer", "212992"])
+        .arg("--mountpoint")
+        .arg(&mnt)
+        .arg("--exit-file")
+        .arg(&exit_file)
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--summary-file")
+        .arg(dir.path().join("summary.json"))
+        .arg("--")
+        .arg(bin("bucketfs"))
+        .arg("--bucket")
+        .arg(&bucket)
+        .args(["--mountpoint", "/dev/fd/3"])
+        .stdin(Stdio::null());
+    let mut m = RelayMount {
+        drainfs: Proc::spawn(cmd),
+        dir,
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || ready.exists()),
+        "no ready file: {}",
+        m.drainfs.stderr_text()
+    );
+    assert!(serving(&mnt));
+    let files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| {
+            let data: Vec<u8> = (0..(i + 1) * 700_000)
+                .map(|j| ((j + i) % 253) as u8)
+                .collect();
+            (format!("f{i}.bin"), data)
+        })
+        .collect();
+    std::fs::create_dir(mnt.join("dir")).unwrap();
+    for (name, data) in &files {
+        write_file(&mnt.join("dir").join(name), data).unwrap();
+    }
+    std::fs::write(&exit_file, b"").unwrap();
+    let st = m.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
+    for (name, data) in &files {
+        let got = std::fs::read(bucket.join("dir").join(name)).unwrap();
+        assert!(got == *data, "object {name} differs ({} bytes)", got.len());
+    }
+    let s = m.summary();
+    assert_eq!(s["outcome"], "clean", "{s:#}");
+    assert_eq!(s["data_path"], "relay");
+    assert_eq!(s["cause"]["cause"], "exit_file");
+    assert_eq!(s["lower_exit"], "exit 0");
+    assert!(!is_mounted(&mnt), "the mount is left behind");
+    assert!(!ready.exists());
+}
+
+fn http(method: &str, url: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let mut r = match method {
+        "POST" => agent.post(url).send_empty(),
+        _ => agent.get(url).call(),
+    }
+    .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    (
+        r.status().as_u16(),
+        r.body_mut().read_to_string().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("control.sock");
+    let addr = format!("127.0.0.1:{port}");
+    let sock_arg = sock.display().to_string();
+    let mut m = start(
+        &["--admin-addr", &addr, "--control-socket", &sock_arg],
+        &["--upload-delay", "1500ms"],
+        true,
+    );
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    }));
+    assert_eq!(http("GET", &format!("{base}/startupz")).0, 200);
+    assert_eq!(http("GET", &format!("{base}/readyz")).0, 200);
+    let (code, body) = http("GET", &format!("{base}/livez?verbose"));
+    assert_eq!(code, 200, "{body}");
+    let p = m.mnt().join("slow.txt");
+    let app = std::thread::spawn(move || write_file(&p, b"slow"));
+    let mut st = serde_json::Value::Null;
+    let seen = wait_until(Duration::from_secs(2), || {
+        st = serde_json::from_str(&http("GET", &format!("{base}/status")).1).unwrap();
+        st["in_flight_by_op"]
+            .as_array()
+            .is_some_and(|ops| ops.iter().any(|o| o[0] == "flush"))
+    });
+    assert!(seen, "no flush in flight in /status: {st:#}");
+    assert_eq!(st["data_path"], "relay");
+    assert_eq!(st["phase"], "serving");
+    assert!(st["outstanding"]["in_flight"].as_i64().unwrap() >= 1);
+    assert_eq!(st["outstanding"]["open_write"], 1, "{st:#}");
+    assert_eq!(st["relay"]["init"]["max_write"], 128 * 1024);
+    assert_eq!(st["relay"]["sndbuf_relay"], 2 * 212_992);
+    let (_, metrics) = http("GET", &format!("{base}/metrics"));
+    assert!(
+        metrics.contains("drainfs_relay_message_cap_bytes 131072"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("drainfs_requests_in_flight 1"),
+        "{metrics}"
+    );
+    // The control socket answers the same document.
+    let out = Command::new(bin("drainfs"))
+        .args(["status", "--json", "--control-socket", &sock_arg])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["data_path"], "relay");
+    // A quit request drains: the in-flight close completes, then the daemon stops.
+    assert_eq!(http("POST", &format!("{base}/quitquitquit")).0, 200);
+    app.join().unwrap().expect("the in-flight close succeeds");
+    let st = m.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
+    let s = m.summary();
+    assert_eq!(s["cause"]["cause"], "quit_request");
+    assert_eq!(std::fs::read(m.bucket().join("slow.txt")).unwrap(), b"slow");
 }
