@@ -226,7 +226,19 @@ impl Accounting {
             op,
             start: Instant::now(),
             failed: false,
+            activity: true,
         }
+    }
+
+    /// Like [`Accounting::op`], for a request drainfs makes itself (a probe's statfs through
+    /// the mount): counted in flight and in the statistics, but not workload activity, so it
+    /// never restarts the quiet period ([`Accounting::since_last_activity`]). The drain is
+    /// still woken when it ends.
+    #[inline]
+    pub fn own_op(&self, op: Op) -> OpGuard<'_> {
+        let mut g = self.op(op);
+        g.activity = false;
+        g
     }
 
     /// Like [`Accounting::op`], for a request whose end comes later on another thread (the
@@ -243,9 +255,10 @@ impl Accounting {
         }
     }
 
-    /// Ends one request counted by [`Accounting::op`] or [`Accounting::op_owned`].
+    /// Ends one request counted by [`Accounting::op`] or [`Accounting::op_owned`];
+    /// `activity`: it was the workload's (restarts the quiet period).
     #[inline]
-    fn end_op(&self, op: Op, start: Instant, failed: bool) {
+    fn end_op(&self, op: Op, start: Instant, failed: bool, activity: bool) {
         let stats = &self.ops[op as usize];
         stats.count.fetch_add(1, Relaxed);
         if failed {
@@ -254,7 +267,11 @@ impl Accounting {
         stats.duration.observe(start.elapsed());
         stats.in_flight.fetch_sub(1, Relaxed);
         self.gate.exit();
-        self.touched();
+        if activity {
+            self.touched();
+        } else {
+            self.notify();
+        }
     }
 
     /// Counts an open handle until the guard is dropped.
@@ -338,6 +355,11 @@ impl Accounting {
     fn touched(&self) {
         self.last_activity_ms
             .store(self.epoch.elapsed().as_millis() as u64, Relaxed);
+        self.notify();
+    }
+
+    #[inline]
+    fn notify(&self) {
         if self.watching.load(Relaxed) {
             self.changed.notify_waiters();
         }
@@ -351,6 +373,7 @@ pub struct OpGuard<'a> {
     op: Op,
     start: Instant,
     failed: bool,
+    activity: bool,
 }
 
 impl OpGuard<'_> {
@@ -367,7 +390,8 @@ impl OpGuard<'_> {
 
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
-        self.acct.end_op(self.op, self.start, self.failed);
+        self.acct
+            .end_op(self.op, self.start, self.failed, self.activity);
     }
 }
 
@@ -396,7 +420,7 @@ impl OwnedOpGuard {
 
 impl Drop for OwnedOpGuard {
     fn drop(&mut self) {
-        self.acct.end_op(self.op, self.start, self.failed);
+        self.acct.end_op(self.op, self.start, self.failed, true);
     }
 }
 
@@ -470,6 +494,29 @@ mod tests {
         assert_eq!((s.count.load(Relaxed), s.errors.load(Relaxed)), (1, 1));
         assert_eq!(s.duration.snapshot().2, 1);
         assert_eq!(acct.handles_opened(HandleMode::Write), 1);
+    }
+
+    #[test]
+    fn own_requests_do_not_restart_the_quiet_period() {
+        let acct = Accounting::new();
+        drop(acct.op(Op::Getattr));
+        std::thread::sleep(Duration::from_millis(30));
+        let before = acct.since_last_activity();
+        assert!(before >= Duration::from_millis(30));
+        {
+            let _probe = acct.own_op(Op::Statfs);
+            assert_eq!(acct.outstanding().in_flight, 1, "still counted in flight");
+        }
+        assert!(
+            acct.since_last_activity() >= before,
+            "a probe is not activity"
+        );
+        assert_eq!(acct.op_stats(Op::Statfs).count.load(Relaxed), 1);
+        drop(acct.op(Op::Statfs));
+        assert!(
+            acct.since_last_activity() < before,
+            "a workload statfs is activity"
+        );
     }
 
     #[test]

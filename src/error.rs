@@ -31,6 +31,8 @@ pub enum Kind {
     /// Kernel passthrough could not be set up for an inode that already has passthrough opens.
     /// `EIO`.
     Passthrough,
+    /// drainfs has closed its lower fds (teardown after a lazy unmount). `EIO`.
+    Closed,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Stale => E::ESTALE,
             Kind::BadName => E::EINVAL,
             Kind::Passthrough => E::EIO,
+            Kind::Closed => E::EIO,
         }
     }
 }
@@ -82,7 +85,7 @@ impl Error {
             Kind::LowerGone | Kind::Stale | Kind::UnknownInode | Kind::UnknownHandle => {
                 tracing::Level::DEBUG
             }
-            Kind::BadName => tracing::Level::DEBUG,
+            Kind::BadName | Kind::Closed => tracing::Level::DEBUG,
             Kind::Passthrough => tracing::Level::WARN,
         }
     }

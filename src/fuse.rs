@@ -83,18 +83,15 @@ impl DrainFs {
     }
 }
 
-/// Whether this process has CAP_SYS_ADMIN in its effective set (needed for
-/// `FUSE_DEV_IOC_BACKING_OPEN`).
+/// Whether the calling thread has CAP_SYS_ADMIN in its effective set (needed for
+/// `FUSE_DEV_IOC_BACKING_OPEN`); false when `capget` fails.
 pub fn has_cap_sys_admin() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    )
+    .unwrap_or(false)
 }
 
 /// Who sent a request that creates an inode (credentials are switched to it on the lower).
@@ -104,6 +101,12 @@ fn caller(req: &Request) -> Caller {
         gid: req.gid(),
         pid: req.pid(),
     }
+}
+
+/// Whether `pid`, a request's sender (the calling thread's id, in drainfs's pid namespace),
+/// is a thread of drainfs itself.
+fn is_own_thread(pid: u32) -> bool {
+    pid != 0 && (pid == std::process::id() || Path::new(&format!("/proc/self/task/{pid}")).exists())
 }
 
 fn errno(e: Error) -> Errno {
@@ -626,18 +629,29 @@ impl Filesystem for DrainFs {
     ) {
         let mut g = self.core.acct.op(Op::Readdirplus);
         let mut dir_attr: Option<FileAttr> = None;
+        let dev = self.core.root_dev();
         let res = self
             .core
-            .readdir(ino.0, fh.0, offset as i64, |_d_ino, off, _typ, name| {
+            .readdir(ino.0, fh.0, offset as i64, |d_ino, off, _typ, name| {
                 if name == b"." || name == b".." {
-                    // The kernel does not link dot entries: no lookup reference is taken.
-                    let a = *dir_attr.get_or_insert_with(|| {
+                    // The kernel does not link dot entries (fuse_direntplus_link skips them),
+                    // so no lookup is made and no reference taken; only the entry's inode
+                    // number counts: the directory's own nodeid for `.`, and for `..` the
+                    // parent's, as READDIR reports it (the root's `..` is the root itself).
+                    let mut a = *dir_attr.get_or_insert_with(|| {
                         let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
                             // SAFETY: an all-zero `struct stat` is a valid value.
                             unsafe { std::mem::zeroed() }
                         });
                         attr(ino.0, &st)
                     });
+                    if name == b".." {
+                        a.ino = if ino.0 == crate::fs::ROOT_ID {
+                            INodeNo(crate::fs::ROOT_ID)
+                        } else {
+                            INodeNo(self.core.dirent_nodeid(dev, d_ino))
+                        };
+                    }
                     return !reply.add(
                         a.ino,
                         off as u64,
@@ -702,8 +716,13 @@ impl Filesystem for DrainFs {
         }
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let mut g = self.core.acct.op(Op::Statfs);
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // drainfs's own probes (`/livez` statfs's the mountpoint) are not workload activity.
+        let mut g = if is_own_thread(req.pid()) {
+            self.core.acct.own_op(Op::Statfs)
+        } else {
+            self.core.acct.op(Op::Statfs)
+        };
         match self.core.statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -886,5 +905,51 @@ fn reply_open(reply: ReplyOpen, fh: u64, flags: FopenFlags, backing: Option<Back
     {
         Some(b) => reply.opened_passthrough(FileHandle(fh), flags, b),
         None => reply.opened(FileHandle(fh), flags),
+    }
+}
+
+/// A tracing layer that drops fuser's "Failed to send FUSE reply" error when the write
+/// failed with `ENOENT`: the kernel no longer waits for that request, which is what happens
+/// to fuser's `ENOSYS` answer to every FUSE_INTERRUPT (an application's `close()` interrupted
+/// by a signal): with one cloned `/dev/fuse` fd per worker thread, the interrupted request is
+/// in another fd's processing queue, so the kernel finds nothing to answer. Nothing failed,
+/// so no ERROR line. Any other reply failure is kept.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StaleReplyFilter;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StaleReplyFilter {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return true;
+        }
+        struct Fields {
+            fuser_reply: bool,
+            enoent: bool,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "log.target" {
+                    self.fuser_reply = value == "fuser::reply";
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    let text = format!("{value:?}");
+                    let enoent = format!("(os error {})", libc::ENOENT);
+                    self.enoent =
+                        text.starts_with("Failed to send FUSE reply") && text.ends_with(&enoent);
+                }
+            }
+        }
+        let mut f = Fields {
+            fuser_reply: event.metadata().target() == "fuser::reply",
+            enoent: false,
+        };
+        event.record(&mut f);
+        !(f.fuser_reply && f.enoent)
     }
 }

@@ -514,6 +514,15 @@ impl DataPath {
         }
     }
 
+    /// Opens and creates admitted and still in flight (mount only: the relay sees nodeids,
+    /// not paths).
+    fn admitted_paths(&self, max: usize) -> Vec<String> {
+        match self {
+            DataPath::Mount(m) => m.core.admitted_paths(max),
+            DataPath::Relay(_) => Vec::new(),
+        }
+    }
+
     /// Waits for the next thing the data path reports. `lower_died`: the lower's death is
     /// already known (not reported again).
     async fn next_event(&mut self, admission: &Admission, lower_died: bool) -> PathEvent {
@@ -561,6 +570,7 @@ struct Runner {
     machine: Machine,
     timings: Timings,
     open_at_force: Vec<String>,
+    opens_at_force: Vec<String>,
     failed_flushes: Vec<String>,
     lower_exit: Option<String>,
     lower_stop: Option<LowerStop>,
@@ -607,6 +617,7 @@ pub async fn run(
         machine,
         timings: Timings::default(),
         open_at_force: Vec::new(),
+        opens_at_force: Vec::new(),
         failed_flushes: Vec::new(),
         lower_exit: None,
         lower_stop: None,
@@ -1115,10 +1126,11 @@ impl Runner {
                     if let Ending::Forced(reason) = ending {
                         let out = self.machine.outstanding_at_force().unwrap_or_default();
                         self.open_at_force = dp.open_paths(100);
+                        self.opens_at_force = dp.admitted_paths(100);
                         if !out.is_idle() {
                             *self.shared.forced.lock().entry(reason).or_default() += 1;
                         }
-                        tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, "forcing the teardown");
+                        tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, opening = ?self.opens_at_force, "forcing the teardown");
                     } else {
                         self.shared.inner.lock().drain_duration = self
                             .machine
@@ -1461,10 +1473,20 @@ impl Runner {
                 self.failed_flushes.extend(failed);
             }
         }
+        // Close every lower fd drainfs holds (handles, the root's, the O_PATH cache), even if a
+        // lazily detached session still references the core: a lower fd left open would make
+        // the lower's own unmount fail with EBUSY (gcsfuse then keeps running).
+        let c = Arc::clone(&core);
+        match self
+            .bounded(|b| b.close_remaining, blocking(move || c.close_lower_fds()))
+            .await
+        {
+            Some(failed) => self.failed_flushes.extend(failed),
+            None => self
+                .notes
+                .push("closing drainfs's lower fds did not finish within its budget".into()),
+        }
         self.failed_flushes.extend(core.failed_flushes());
-        // Close every lower fd drainfs holds (the root's and the O_PATH cache) by dropping the
-        // core: the fuser session released its reference when it ended. A lower fd left open
-        // would make the lower's own unmount fail with EBUSY (gcsfuse then keeps running).
         self.shared.inner.lock().fs = None;
         let refs = Arc::strong_count(&core);
         drop(core);
@@ -1513,6 +1535,7 @@ impl Runner {
             timings: self.timings.clone(),
             outstanding_at_force: self.machine.outstanding_at_force(),
             open_paths: self.open_at_force.clone(),
+            in_flight_opens: self.opens_at_force.clone(),
             failed_flushes: self.failed_flushes.clone(),
             counts: summary::Counts::from(acct.as_ref()),
             notes: self.notes.clone(),

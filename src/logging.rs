@@ -110,8 +110,15 @@ pub fn init(cfg: &LogConfig) {
         // A log reader that went away (a closed pipe) must not take the mount down: by default
         // tracing-subscriber reports a failed write with `eprintln!`, which panics on EPIPE.
         .log_internal_errors(false);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let stale = crate::fuse::StaleReplyFilter;
     let _ = match cfg.format {
-        LogFormat::Text => builder.with_target(false).try_init(),
-        LogFormat::Json => builder.event_format(CloudJson).try_init(),
+        LogFormat::Text => builder.with_target(false).finish().with(stale).try_init(),
+        LogFormat::Json => builder
+            .event_format(CloudJson)
+            .finish()
+            .with(stale)
+            .try_init(),
     };
 }

@@ -2,10 +2,11 @@
 //!
 //! [`block_all`] runs first in `main`, before any thread exists, so every thread drainfs ever
 //! creates (FUSE workers, tokio, helpers) inherits a mask with the handled signals blocked.
-//! One dedicated thread ([`spawn_waiter`]) takes them with `sigwait`. Consequently no signal is
-//! ever delivered to a thread blocked in a lower FLUSH or FSYNC: such a delivery would make the
-//! kernel send FUSE INTERRUPT to gcsfuse and cancel the upload (FIELD-NOTES section 1).
-//! Children get a clean mask: std's `Command` resets the mask before `exec`.
+//! One dedicated thread ([`spawn_waiter`]) takes them from a signalfd. Consequently no signal
+//! is ever delivered to a thread blocked in a lower FLUSH or FSYNC: such a delivery would make
+//! the kernel send FUSE INTERRUPT to gcsfuse and cancel the upload.
+//! Children inherit the mask through `fork` and `exec` (std's `Command` keeps it), so
+//! [`crate::procs::spawn`] empties it in the child before `exec`.
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 
@@ -43,26 +44,50 @@ pub fn block_all() -> nix::Result<()> {
 }
 
 /// Starts the signal thread. Every signal but SIGCHLD is passed to `on_signal` (which returns
-/// false to stop the thread); SIGCHLD reaps children ([`crate::procs::reap`]), which delivers
-/// their statuses to whoever spawned them.
+/// false to stop the thread); SIGCHLD, and the times [`crate::procs::reap`] asks to be called
+/// again at, run [`crate::procs::reap`], which delivers owned children's statuses and collects
+/// orphans.
 ///
 /// # Errors
-/// Thread spawn failure.
+/// `signalfd` or thread spawn failure.
 pub fn spawn_waiter(on_signal: impl Fn(Signal) -> bool + Send + 'static) -> std::io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use std::os::fd::AsFd;
+    use std::time::Instant;
+    let fd = SignalFd::with_flags(&set(), SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
     std::thread::Builder::new()
         .name("drainfs-signals".into())
         .spawn(move || {
-            let set = set();
-            crate::procs::reap();
+            // Children that exited before this thread ran left one SIGCHLD pending at most,
+            // which the first read below also returns; reaping first costs nothing.
+            let mut recheck = crate::procs::reap();
             loop {
-                match set.wait() {
-                    Ok(Signal::SIGCHLD) => crate::procs::reap(),
-                    Ok(sig) => {
-                        if !on_signal(sig) {
-                            return;
-                        }
+                let timeout = match recheck {
+                    None => PollTimeout::NONE,
+                    Some(at) => {
+                        // Rounded up to whole milliseconds, so the wake-up is never early.
+                        let left = at.saturating_duration_since(Instant::now());
+                        let ms = left.as_micros().div_ceil(1000);
+                        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
                     }
-                    Err(_) => continue,
+                };
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, timeout);
+                let mut chld = recheck.is_some_and(|at| Instant::now() >= at);
+                while let Ok(Some(info)) = fd.read_signal() {
+                    match Signal::try_from(info.ssi_signo as i32) {
+                        Ok(Signal::SIGCHLD) => chld = true,
+                        Ok(sig) => {
+                            if !on_signal(sig) {
+                                return;
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+                if chld {
+                    recheck = crate::procs::reap();
                 }
             }
         })?;

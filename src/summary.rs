@@ -78,6 +78,8 @@ pub struct Summary {
     pub outstanding_at_force: Option<Outstanding>,
     /// Paths still open when the exit was forced.
     pub open_paths: Vec<String>,
+    /// Opens and creates admitted and still in flight when the exit was forced, by path.
+    pub in_flight_opens: Vec<String>,
     /// Paths whose lower flush failed.
     pub failed_flushes: Vec<String>,
     /// Counts.
@@ -163,6 +165,7 @@ mod tests {
             lower_exit: None,
             timings: Timings::default(),
             outstanding_at_force: None,
+            in_flight_opens: Vec::new(),
             open_paths: (0..500)
                 .map(|i| format!("/some/long/path/to/file-{i:05}.parquet"))
                 .collect(),

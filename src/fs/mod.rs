@@ -5,8 +5,9 @@
 //! `(st_dev, st_ino)`, so hard links share one nodeid and renames keep identity; nodeids are
 //! never reused; the root is pinned. Unlike virtiofsd, an inode does not hold an O_PATH fd for
 //! its whole life: O_PATH fds live in a bounded LRU cache ([`crate::config::FsConfig::max_lower_fds`]) and an
-//! inode that lost its fd is found again through its last known location (parent inode + name),
-//! verified against its key (a mismatch is `ESTALE`). That keeps 100,000 known inodes within a
+//! inode that lost its fd is found again through the names it was last seen under (parent
+//! inode + name, a few per inode so that a hard link stays reachable when another of its names
+//! is removed), each verified against its key (a mismatch is `ESTALE`). That keeps 100,000 known inodes within a
 //! 20,000 RLIMIT_NOFILE (gcsfuse's inode numbers are not usable with `name_to_handle_at`).
 //! Open files need no path at all: every operation on an open file uses its handle's lower fd,
 //! which is why unlinked-but-open files keep working.
@@ -18,7 +19,7 @@ pub mod sys;
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -39,6 +40,9 @@ const RESERVED_NODEIDS: usize = 65_536;
 
 /// The root's nodeid (FUSE_ROOT_ID).
 pub const ROOT_ID: u64 = 1;
+
+/// How many names (parent + name) an inode remembers for finding it again without an fd.
+const MAX_NAMES: usize = 4;
 
 /// A backing id registered with the kernel for passthrough (fuser's `BackingId`, type-erased
 /// so the core stays fuser-free). Dropping the last reference closes it.
@@ -90,7 +94,9 @@ pub struct Inode {
     /// `st_mode & S_IFMT`.
     pub fmt: u32,
     lookups: AtomicU64,
-    loc: Mutex<Option<Location>>,
+    /// Names the inode is known under (most recent first, at most [`MAX_NAMES`]): hard
+    /// links give it several, and a removed one must not make it unreachable.
+    locs: Mutex<Vec<Location>>,
     open: Mutex<OpenState>,
 }
 
@@ -104,17 +110,40 @@ impl std::fmt::Debug for Inode {
 }
 
 impl Inode {
+    /// Records `parent/name` as the most recent name of this inode.
     fn set_location(&self, parent: &Arc<Inode>, name: &CStr) {
-        let mut loc = self.loc.lock();
-        match &mut *loc {
-            Some(l) if l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name => {}
-            _ => {
-                *loc = Some(Location {
-                    parent: Arc::clone(parent),
-                    name: name.to_owned(),
-                })
-            }
+        let mut locs = self.locs.lock();
+        if let Some(first) = locs.first()
+            && first.parent.nodeid == parent.nodeid
+            && first.name.as_c_str() == name
+        {
+            return;
         }
+        locs.retain(|l| !(l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name));
+        locs.insert(
+            0,
+            Location {
+                parent: Arc::clone(parent),
+                name: name.to_owned(),
+            },
+        );
+        locs.truncate(MAX_NAMES);
+    }
+
+    /// Forgets the name `parent/name` (renamed away).
+    fn remove_location(&self, parent: u64, name: &CStr) {
+        self.locs
+            .lock()
+            .retain(|l| !(l.parent.nodeid == parent && l.name.as_c_str() == name));
+    }
+
+    /// The remembered names, most recent first.
+    fn locations(&self) -> Vec<(Arc<Inode>, CString)> {
+        self.locs
+            .lock()
+            .iter()
+            .map(|l| (Arc::clone(&l.parent), l.name.clone()))
+            .collect()
     }
 
     fn open_fd(&self) -> Option<Arc<OwnedFd>> {
@@ -126,9 +155,9 @@ impl Inode {
     pub fn path(&self) -> PathBuf {
         let mut parts: Vec<CString> = Vec::new();
         let mut cur = self
-            .loc
+            .locs
             .lock()
-            .as_ref()
+            .first()
             .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         let mut depth = 0;
         while let Some((parent, name)) = cur {
@@ -138,9 +167,9 @@ impl Inode {
                 break;
             }
             cur = parent
-                .loc
+                .locs
                 .lock()
-                .as_ref()
+                .first()
                 .map(|l| (Arc::clone(&l.parent), l.name.clone()));
         }
         let mut p = PathBuf::new();
@@ -199,6 +228,7 @@ impl Handle {
 pub struct Admission {
     acct: Arc<Accounting>,
     lower_gone: AtomicBool,
+    fds_closed: AtomicBool,
     /// Signalled once when an operation first sees the lower's connection gone.
     pub lower_gone_notify: tokio::sync::Notify,
 }
@@ -209,6 +239,7 @@ impl Admission {
         Arc::new(Admission {
             acct: Arc::clone(acct),
             lower_gone: AtomicBool::new(false),
+            fds_closed: AtomicBool::new(false),
             lower_gone_notify: tokio::sync::Notify::new(),
         })
     }
@@ -230,10 +261,23 @@ impl Admission {
         }
     }
 
+    /// Marks drainfs's lower fds as closed ([`Fs::close_lower_fds`]): every operation fails
+    /// with `EIO` from now on.
+    fn close_fds(&self) {
+        self.fds_closed.store(true, SeqCst);
+    }
+
+    /// Whether drainfs's lower fds are closed.
+    pub fn fds_closed(&self) -> bool {
+        self.fds_closed.load(SeqCst)
+    }
+
     #[inline]
     fn check_alive(&self) -> Result<()> {
         if self.lower_gone.load(Relaxed) {
             Err(Kind::LowerGone.into())
+        } else if self.fds_closed.load(Relaxed) {
+            Err(Kind::Closed.into())
         } else {
             Ok(())
         }
@@ -251,6 +295,18 @@ impl Admission {
     }
 }
 
+/// An admitted open or create in flight (see [`Fs::admit`]); unlisted on drop.
+struct Admitted<'a> {
+    fs: &'a Fs,
+    token: u64,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.fs.admitted.lock().remove(&self.token);
+    }
+}
+
 /// Configuration of the core (the subset of [`crate::config::FsConfig`] it needs).
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -261,7 +317,8 @@ pub struct CoreConfig {
 /// The passthrough filesystem core.
 pub struct Fs {
     root: Arc<Inode>,
-    root_fd: Arc<OwnedFd>,
+    /// The lower root's fd; `None` once [`Fs::close_lower_fds`] ran.
+    root_fd: RwLock<Option<Arc<OwnedFd>>>,
     inodes: RwLock<Inodes>,
     next_nodeid: AtomicU64,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
@@ -270,6 +327,10 @@ pub struct Fs {
     failed_flushes: Mutex<Vec<String>>,
     /// Nodeids handed out as READDIR `d_ino` before any LOOKUP (see [`Fs::dirent_nodeid`]).
     reserved: Mutex<lru::LruCache<InodeKey, u64>>,
+    /// Admitted opens and creates in flight: token -> (nodeid, name under it), for naming
+    /// them in the summary of a forced teardown.
+    admitted: Mutex<HashMap<u64, (u64, Option<OsString>)>>,
+    next_admitted: AtomicU64,
     /// Counters shared with the lifecycle and metrics.
     pub acct: Arc<Accounting>,
     /// Shutdown gate shared with the lifecycle.
@@ -372,7 +433,7 @@ impl Fs {
             key: InodeKey::of(&st),
             fmt: st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            loc: Mutex::new(None),
+            locs: Mutex::new(Vec::new()),
             open: Mutex::new(OpenState::default()),
         });
         let mut inodes = Inodes::default();
@@ -381,7 +442,7 @@ impl Fs {
         let cap = NonZeroUsize::new(cfg.max_lower_fds.max(16)).expect("max(16) is non-zero");
         Ok(Fs {
             root,
-            root_fd: Arc::new(root_fd),
+            root_fd: RwLock::new(Some(Arc::new(root_fd))),
             inodes: RwLock::new(inodes),
             next_nodeid: AtomicU64::new(ROOT_ID + 1),
             handles: RwLock::new(HashMap::new()),
@@ -391,9 +452,47 @@ impl Fs {
             reserved: Mutex::new(lru::LruCache::new(
                 NonZeroUsize::new(RESERVED_NODEIDS).expect("non-zero"),
             )),
+            admitted: Mutex::new(HashMap::new()),
+            next_admitted: AtomicU64::new(0),
             acct,
             admission,
         })
+    }
+
+    /// Admits an open or create of `name` under `nodeid` (or of `nodeid` itself): `ESHUTDOWN`
+    /// once the door is closed. The guard keeps it listed in [`Fs::admitted_paths`] until the
+    /// request ends.
+    fn admit(&self, nodeid: u64, name: Option<&OsStr>) -> Result<Admitted<'_>> {
+        // Listed before the door is checked: whoever reads the list after closing the door
+        // sees every request that got past it.
+        let token = self.next_admitted.fetch_add(1, Relaxed);
+        self.admitted
+            .lock()
+            .insert(token, (nodeid, name.map(OsStr::to_os_string)));
+        let admitted = Admitted { fs: self, token };
+        self.admission.check_admit()?;
+        Ok(admitted)
+    }
+
+    /// Paths of the opens and creates admitted and still in flight (at most `cap`), for the
+    /// summary of a forced teardown.
+    pub fn admitted_paths(&self, cap: usize) -> Vec<String> {
+        let list: Vec<(u64, Option<OsString>)> =
+            self.admitted.lock().values().take(cap).cloned().collect();
+        list.into_iter()
+            .map(|(nodeid, name)| {
+                let base = self.inode(nodeid).map_or_else(
+                    |_| PathBuf::from(format!("<nodeid {nodeid}>")),
+                    |i| i.path(),
+                );
+                match name {
+                    Some(n) => base.join(n),
+                    None => base,
+                }
+                .display()
+                .to_string()
+            })
+            .collect()
     }
 
     /// Number of inodes known (including the root).
@@ -404,6 +503,33 @@ impl Fs {
     /// Number of O_PATH fds cached.
     pub fn cached_fds(&self) -> usize {
         self.fd_cache.lock().len()
+    }
+
+    /// The lower root's fd.
+    ///
+    /// # Errors
+    /// `EIO` ([`Kind::Closed`]) once [`Fs::close_lower_fds`] ran.
+    fn root_fd(&self) -> Result<Arc<OwnedFd>> {
+        self.root_fd
+            .read()
+            .clone()
+            .ok_or_else(|| Kind::Closed.into())
+    }
+
+    /// Puts a new handle in the table, unless the lower fds are closed (then the handle and
+    /// its fd are dropped here and the open fails with `EIO`).
+    fn insert_handle(&self, fh: u64, handle: Handle) -> Result<()> {
+        let mut handles = self.handles.write();
+        // Checked under the table's lock, which `close_lower_fds` takes after setting it.
+        if self.admission.fds_closed() {
+            drop(handles);
+            let mut st = handle.inode.open.lock();
+            st.opens = st.opens.saturating_sub(1);
+            st.fds.retain(|(f, _)| *f != fh);
+            return Err(Kind::Closed.into());
+        }
+        handles.insert(fh, Arc::new(handle));
+        Ok(())
     }
 
     fn inode(&self, nodeid: u64) -> Result<Arc<Inode>> {
@@ -421,8 +547,11 @@ impl Fs {
     /// The handle `fh`, checked to belong to `nodeid`.
     ///
     /// # Errors
-    /// `EBADF` for an unknown fh or one of another inode.
+    /// `EBADF` for an unknown fh or one of another inode; `EIO` once the lower fds are closed.
     pub fn handle(&self, nodeid: u64, fh: u64) -> Result<Arc<Handle>> {
+        if self.admission.fds_closed() {
+            return Err(Kind::Closed.into());
+        }
         let h = self
             .handles
             .read()
@@ -450,7 +579,7 @@ impl Fs {
     /// handle's fd, or a fresh O_PATH open through the inode's location (verified, then cached).
     fn inode_fd(&self, inode: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
         if inode.nodeid == ROOT_ID {
-            return Ok(Arc::clone(&self.root_fd));
+            return self.root_fd();
         }
         if let Some(fd) = self.fd_cache.lock().get(&inode.nodeid) {
             return Ok(Arc::clone(fd));
@@ -458,29 +587,61 @@ impl Fs {
         if let Some(fd) = inode.open_fd() {
             return Ok(fd);
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let fd = sys::openat(pfd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)
-            .map_err(|e| self.lower_err(e))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
+        let fd = self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let fd = sys::openat(pfd.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+                .map_err(|e| self.lower_err(e))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(fd)
+        })?;
         let fd = Arc::new(fd);
-        let evicted = self.fd_cache.lock().push(inode.nodeid, Arc::clone(&fd));
+        let evicted = {
+            let mut cache = self.fd_cache.lock();
+            // Checked under the cache lock, which `close_lower_fds` takes after setting it.
+            if self.admission.fds_closed() {
+                return Err(Kind::Closed.into());
+            }
+            cache.push(inode.nodeid, Arc::clone(&fd))
+        };
         drop(evicted); // closes outside the lock
         Ok(fd)
+    }
+
+    /// Runs `f` on the inode's remembered names in turn (most recent first) until one
+    /// answers: a name that is gone (`ENOENT`) or now names another inode (`ESTALE`) is
+    /// skipped, and forgotten once another name answered (a hard link whose other name was
+    /// removed or renamed). The last such error when none answers (`ESTALE` when there is no
+    /// name); any other error at once.
+    fn by_name<T>(
+        &self,
+        inode: &Arc<Inode>,
+        mut f: impl FnMut(&Arc<Inode>, &CStr) -> Result<T>,
+    ) -> Result<T> {
+        let names = inode.locations();
+        let mut last = Error::from(Kind::Stale);
+        for (i, (parent, name)) in names.iter().enumerate() {
+            match f(parent, name) {
+                Ok(v) => {
+                    for (p, n) in &names[..i] {
+                        inode.remove_location(p.nodeid, n);
+                    }
+                    return Ok(v);
+                }
+                Err(e) if matches!(e.kind, Kind::Stale | Kind::Lower(Errno::ENOENT)) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
     }
 
     /// Attributes of `inode` without allocating an fd when it has none: `fstatat` through its
     /// location, verified against its key.
     fn stat_inode(&self, inode: &Arc<Inode>) -> Result<Stat> {
         let cached = if inode.nodeid == ROOT_ID {
-            Some(Arc::clone(&self.root_fd))
+            Some(self.root_fd()?)
         } else {
             self.fd_cache
                 .lock()
@@ -491,17 +652,14 @@ impl Fs {
         if let Some(fd) = cached {
             return sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e));
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let st = sys::fstatat(pfd.as_fd(), &name).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
-        Ok(st)
+        self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let st = sys::fstatat(pfd.as_fd(), name).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(st)
+        })
     }
 
     /// Finds or creates the inode for `st` at `parent/name` and takes one lookup reference.
@@ -521,11 +679,18 @@ impl Fs {
                 };
             }
         }
+        #[cfg(test)]
+        tests::hook(tests::Point::BeforeWriteGuard);
         let mut map = self.inodes.write();
         if let Some(id) = map.by_key.get(&key).copied() {
             let inode = Arc::clone(&map.by_id[&id]);
-            drop(map);
+            // Counted while the write guard is held: a FORGET (which takes the write guard)
+            // either ran before and removed nothing we hold, or runs after and sees this
+            // reference (fuse-backend-rs `do_lookup`).
             inode.lookups.fetch_add(1, SeqCst);
+            drop(map);
+            #[cfg(test)]
+            tests::hook(tests::Point::AfterCountedUnderWriteGuard);
             inode.set_location(parent, name);
             return Entry {
                 nodeid: id,
@@ -539,10 +704,10 @@ impl Fs {
             key,
             fmt: st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            loc: Mutex::new(Some(Location {
+            locs: Mutex::new(vec![Location {
                 parent: Arc::clone(parent),
                 name: name.to_owned(),
-            })),
+            }]),
             open: Mutex::new(OpenState::default()),
         });
         map.by_id.insert(nodeid, inode);
@@ -710,7 +875,7 @@ impl Fs {
         rdev: u32,
         caller: Caller,
     ) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
@@ -727,7 +892,7 @@ impl Fs {
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
@@ -749,7 +914,7 @@ impl Fs {
         target: &Path,
         caller: Caller,
     ) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let target = cname(target.as_os_str())?;
@@ -812,10 +977,12 @@ impl Fs {
         };
         sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags)
             .map_err(|e| self.lower_err(e))?;
-        if let Some(m) = moved {
+        if let Some(m) = &moved {
+            m.remove_location(parent.nodeid, &name);
             m.set_location(&newparent, &newname);
         }
         if let Some(x) = exchanged {
+            x.remove_location(newparent.nodeid, &newname);
             x.set_location(&parent, &name);
         }
         Ok(())
@@ -826,7 +993,7 @@ impl Fs {
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno.
     pub fn link(&self, nodeid: u64, newparent: u64, newname: &OsStr) -> Result<Entry> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(newparent, Some(newname))?;
         let inode = self.inode(nodeid)?;
         let newparent = self.inode(newparent)?;
         let newname = cname(newname)?;
@@ -836,10 +1003,20 @@ impl Fs {
         self.new_entry(&newparent, &npfd, &newname)
     }
 
+    /// Flags of the lower open for an OPEN with the application's `flags`.
+    ///
+    /// O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data path
+    /// (the kernel's backing file keeps it) and would force aligned buffers on ours.
+    ///
+    /// O_APPEND is dropped: the kernel resolves append offsets itself. For a FUSE file opened
+    /// with O_APPEND, `write(2)` holds the inode lock and sends WRITE at the offset the kernel
+    /// computed from its i_size (`generic_write_checks`, cached and direct-io paths alike), and
+    /// a passthrough write carries IOCB_APPEND to the backing file. Page writeback of a shared
+    /// writable mapping sends WRITE at the page's offset. On Linux, `pwrite` on an O_APPEND fd
+    /// ignores its offset and appends, so an O_APPEND lower fd would turn the mapping's writes
+    /// into appends. (libfuse's passthrough_hp clears O_APPEND only with the writeback cache.)
     fn lower_open_flags(flags: i32) -> i32 {
-        // O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data
-        // path (the kernel's backing file keeps it) and would force aligned buffers on ours.
-        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT))
+        (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND))
             | libc::O_NOFOLLOW
     }
 
@@ -919,14 +1096,15 @@ impl Fs {
             flags,
             guard,
         };
-        self.handles.write().insert(fh, Arc::new(handle));
+        self.insert_handle(fh, handle)?;
         Ok(Opened { fh, backing })
     }
 
     /// OPEN: opens the lower file with the application's flags; with `register`, sets up
     /// kernel passthrough (one backing id per inode, shared by concurrent opens), except for
     /// the cases `Fs::install_handle` lists. `caller` is who opens (its uid stands for
-    /// "lacks CAP_FSETID" when non-zero).
+    /// "lacks CAP_FSETID" when non-zero); an O_TRUNC open by such a caller clears the
+    /// set-user-ID/set-group-ID bits [`privs_to_kill`] names, as a truncate by it would.
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; `ESTALE` when the name now names another inode;
@@ -939,10 +1117,15 @@ impl Fs {
         caller: Caller,
         register: RegisterBacking<'_>,
     ) -> Result<Opened> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(nodeid, None)?;
         let inode = self.inode(nodeid)?;
         let lflags = Self::lower_open_flags(flags);
         let fd = self.open_inode(&inode, lflags)?;
+        if flags & libc::O_TRUNC != 0 && caller.uid != 0 && inode.fmt == libc::S_IFREG {
+            // FUSE_ATOMIC_O_TRUNC: the truncate rides on this open, made with drainfs's
+            // CAP_FSETID; the lower would have dropped the privilege bits for this caller.
+            self.kill_privs(fd.as_fd(), &caller)?;
+        }
         let register = if inode.fmt == libc::S_IFREG {
             register
         } else {
@@ -969,18 +1152,15 @@ impl Fs {
             return sys::reopen(fd.as_fd(), lflags & !libc::O_NOFOLLOW)
                 .map_err(|e| self.lower_err(e));
         }
-        let (parent, name) = {
-            let loc = inode.loc.lock();
-            let l = loc.as_ref().ok_or(Error::from(Kind::Stale))?;
-            (Arc::clone(&l.parent), l.name.clone())
-        };
-        let pfd = self.inode_fd(&parent)?;
-        let fd = sys::openat(pfd.as_fd(), &name, lflags, 0).map_err(|e| self.lower_err(e))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
-        if InodeKey::of(&st) != inode.key {
-            return Err(Kind::Stale.into());
-        }
-        Ok(fd)
+        self.by_name(inode, |parent, name| {
+            let pfd = self.inode_fd(parent)?;
+            let fd = sys::openat(pfd.as_fd(), name, lflags, 0).map_err(|e| self.lower_err(e))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
+            if InodeKey::of(&st) != inode.key {
+                return Err(Kind::Stale.into());
+            }
+            Ok(fd)
+        })
     }
 
     /// CREATE: creates and opens `parent/name` as the caller; passthrough as for [`Fs::open`].
@@ -997,12 +1177,13 @@ impl Fs {
         caller: Caller,
         register: RegisterBacking<'_>,
     ) -> Result<(Entry, Opened)> {
-        self.admission.check_admit()?;
+        let _admitted = self.admit(parent, Some(name))?;
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
-        let lflags =
-            (flags & !(libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_CREAT | libc::O_NOFOLLOW;
+        let lflags = (flags & !(libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND))
+            | libc::O_CREAT
+            | libc::O_NOFOLLOW;
         let fd = {
             let _creds = sys::CallerCreds::switch(caller);
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
@@ -1065,13 +1246,39 @@ impl Fs {
         let h = self.handle(nodeid, fh)?;
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
-            self.acct.lower_flush_errors.fetch_add(1, Relaxed);
-            let mut f = self.failed_flushes.lock();
-            if f.len() < 64 {
-                f.push(format!("{}: {e}", h.inode.path().display()));
-            }
+            self.record_failed_flush(&h.inode, e, "flush");
             self.lower_err(e)
         })
+    }
+
+    /// Counts a failed lower flush (metric, log line with the path, the summary's list).
+    fn record_failed_flush(&self, inode: &Inode, e: Errno, when: &'static str) {
+        self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+        let path = inode.path();
+        tracing::warn!(path = %path.display(), error = %e, when, "the lower's flush failed");
+        let mut f = self.failed_flushes.lock();
+        if f.len() < 64 {
+            f.push(format!("{}: {e}", path.display()));
+        }
+    }
+
+    /// Closes the lower fd of a handle that is no longer in the table and returns the
+    /// lower's answer: an explicit `close` when this was the last reference to the fd, else
+    /// `close(dup(fd))` (a request still holding the handle closes the fd when it finishes).
+    /// The handle's accounting guard is dropped after the close, so the handle counts as open
+    /// until the lower has answered.
+    fn close_handle(h: Arc<Handle>) -> std::result::Result<(), Errno> {
+        match Arc::try_unwrap(h) {
+            Ok(Handle { fd, guard, .. }) => {
+                let r = match Arc::try_unwrap(fd) {
+                    Ok(fd) => sys::close(fd),
+                    Err(fd) => sys::flush(fd.as_fd()),
+                };
+                drop(guard);
+                r
+            }
+            Err(h) => sys::flush(h.fd.as_fd()),
+        }
     }
 
     /// Paths whose FLUSH failed (capped at 64), for the shutdown summary.
@@ -1090,11 +1297,19 @@ impl Fs {
     }
 
     /// RELEASE / RELEASEDIR: forgets the fh and closes the lower fd (the lower's RELEASE);
-    /// the inode's backing id is dropped with its last passthrough open.
+    /// the inode's backing id is dropped with its last passthrough open. The lower's close
+    /// can fail (an upload started by writes through a mapping after the application's
+    /// `close()`): for a writable file that is a failed flush ([`Fs::failed_flushes`], the
+    /// lower flush error count, a warning with the path); the kernel ignores RELEASE errors,
+    /// so this returns `Ok` all the same.
     ///
     /// # Errors
-    /// `EBADF` for an unknown fh.
+    /// `EBADF` for an unknown fh; `EIO` once the lower fds are closed (the handle's fd is
+    /// already closed then).
     pub fn release(&self, nodeid: u64, fh: u64) -> Result<()> {
+        if self.admission.fds_closed() {
+            return Err(Kind::Closed.into());
+        }
         let h = {
             let mut handles = self.handles.write();
             match handles.get(&fh) {
@@ -1123,7 +1338,18 @@ impl Fs {
         };
         drop(backing_to_drop);
         let _call = self.acct.lower_call(LowerCall::Release);
-        drop(h);
+        let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+        let inode = Arc::clone(&h.inode);
+        if let Err(e) = Self::close_handle(h) {
+            if writable {
+                self.record_failed_flush(&inode, e, "release");
+            } else {
+                tracing::debug!(path = %inode.path().display(), error = %e, "the lower's close of a read-only handle failed");
+            }
+            if Error::lower(e).is_lower_disconnect() {
+                self.admission.set_lower_gone();
+            }
+        }
         Ok(())
     }
 
@@ -1150,7 +1376,7 @@ impl Fs {
             flags,
             guard: self.acct.handle(HandleMode::Dir),
         };
-        self.handles.write().insert(fh, Arc::new(handle));
+        self.insert_handle(fh, handle)?;
         Ok(fh)
     }
 
@@ -1244,7 +1470,7 @@ impl Fs {
     /// The lower's errno.
     pub fn statfs(&self) -> Result<libc::statvfs> {
         self.admission.check_alive()?;
-        sys::fstatvfs(self.root_fd.as_fd()).map_err(|e| self.lower_err(e))
+        sys::fstatvfs(self.root_fd()?.as_fd()).map_err(|e| self.lower_err(e))
     }
 
     /// ACCESS (only sent without default_permissions): existence and the lower's answer for
@@ -1396,28 +1622,61 @@ impl Fs {
             .collect()
     }
 
-    /// Closes every remaining lower fd (teardown after unmount, or at the deadline): flushes
-    /// each writable one first so the lower uploads what it can. Returns the paths whose
-    /// flush failed.
+    /// Closes every remaining handle's lower fd (teardown after unmount, or at the deadline);
+    /// the close is the lower's flush, so the lower uploads what it can. Returns the paths of
+    /// writable handles whose close failed (also counted as lower flush errors).
     pub fn close_all(&self) -> Vec<String> {
         let handles: Vec<Arc<Handle>> = self.handles.write().drain().map(|(_, h)| h).collect();
         let mut failed = Vec::new();
         for h in handles {
-            if let HandleKind::File { writable: true, .. } = h.kind {
-                let _call = self.acct.lower_call(LowerCall::Flush);
-                if let Err(e) = sys::flush(h.fd.as_fd()) {
-                    failed.push(format!("{}: {}", h.inode.path().display(), e));
-                }
-            }
             {
                 let mut st = h.inode.open.lock();
                 st.fds.clear();
                 st.backing = None;
             }
-            let _call = self.acct.lower_call(LowerCall::Release);
-            drop(h);
+            let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+            let inode = Arc::clone(&h.inode);
+            let _call = self.acct.lower_call(if writable {
+                LowerCall::Flush
+            } else {
+                LowerCall::Release
+            });
+            if let Err(e) = Self::close_handle(h)
+                && writable
+            {
+                self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+                failed.push(format!("{}: {e}", inode.path().display()));
+            }
         }
         self.fd_cache.lock().clear();
+        failed
+    }
+}
+
+impl Fs {
+    /// Closes every lower fd drainfs holds, even while the core is still referenced (a FUSE
+    /// session that cannot end because the mount was detached lazily and is still in use):
+    /// each open handle's fd (its close is the lower's flush, as in [`Fs::close_all`]), the
+    /// O_PATH cache and the root's fd. The lower can then unmount. From then on every
+    /// operation fails with `EIO` ([`Kind::Closed`]); fds are only ever reached through
+    /// `Arc`s taken from the tables, so no closed fd number is used again (a request that
+    /// holds one finishes with it, and the fd closes when it lets go). Idempotent. Returns the
+    /// paths of writable handles whose close failed.
+    pub fn close_lower_fds(&self) -> Vec<String> {
+        self.admission.close_fds();
+        let failed = self.close_all();
+        let cached: Vec<_> = {
+            let mut cache = self.fd_cache.lock();
+            std::iter::from_fn(|| cache.pop_lru()).collect()
+        };
+        drop(cached);
+        let inodes: Vec<Arc<Inode>> = self.inodes.read().by_id.values().cloned().collect();
+        for inode in inodes {
+            let mut st = inode.open.lock();
+            st.fds.clear();
+            st.backing = None;
+        }
+        drop(self.root_fd.write().take());
         failed
     }
 }

@@ -212,6 +212,15 @@ pub fn flush(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     cvt(unsafe { libc::close(dup) }).map(drop)
 }
 
+/// `close(fd)` with its result: closing a lower fd is the lower's FLUSH (and, for the last
+/// reference, its RELEASE), so this is where an upload started by late writes reports its
+/// error. The fd is closed whatever the result (Linux never keeps it open after close).
+pub fn close(fd: OwnedFd) -> Result<(), Errno> {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: we own `fd` and close it exactly once.
+    cvt(unsafe { libc::close(fd.into_raw_fd()) }).map(drop)
+}
+
 /// `fsync` or `fdatasync`.
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> Result<(), Errno> {
     // SAFETY: plain syscall on a valid fd.
@@ -493,7 +502,9 @@ fn set_thread_groups(groups: &[libc::gid_t]) -> Result<(), Errno> {
 /// a user allowed by the kernel through a supplementary group (a pod's fsGroup on a
 /// group-writable directory) must not be refused by the lower. `setfsuid`, `setfsgid` and the
 /// raw `setgroups` syscall are per-thread on Linux. A no-op when drainfs is not root or the
-/// caller is root.
+/// caller is root with group 0; a root caller with another group gets only its fsgid
+/// switched (new inodes get that group, as on the lower; root's permission checks do not
+/// depend on its groups).
 pub struct CallerCreds {
     switched: bool,
 }
@@ -503,8 +514,13 @@ impl CallerCreds {
     /// dropped. If the groups cannot be read or set, the thread keeps drainfs's groups.
     pub fn switch(caller: Caller) -> Self {
         // SAFETY: geteuid has no preconditions.
-        if caller.uid == 0 || unsafe { libc::geteuid() } != 0 {
+        if unsafe { libc::geteuid() } != 0 || (caller.uid == 0 && caller.gid == 0) {
             return CallerCreds { switched: false };
+        }
+        if caller.uid == 0 {
+            // SAFETY: setfsgid only changes this thread's filesystem gid.
+            unsafe { libc::setfsgid(caller.gid) };
+            return CallerCreds { switched: true };
         }
         let _ = own_groups();
         // Before setfsuid: setgroups needs CAP_SETGID, which a non-zero fsuid does not drop,

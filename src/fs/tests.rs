@@ -2,6 +2,44 @@
 
 use super::*;
 
+use std::cell::RefCell;
+
+/// Points in the core where a test can run code, to force an interleaving of two requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Point {
+    /// `remember` found no inode under the read guard and is about to take the write guard.
+    BeforeWriteGuard,
+    /// `remember` found an existing inode under the write guard and has released it.
+    AfterCountedUnderWriteGuard,
+}
+
+type Hook = Box<dyn FnMut(Point)>;
+
+thread_local! {
+    static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Runs this thread's hook at `point`; the hook is not re-entered by the calls it makes.
+pub(super) fn hook(point: Point) {
+    let Some(mut h) = HOOK.with_borrow_mut(Option::take) else {
+        return;
+    };
+    h(point);
+    HOOK.with_borrow_mut(|slot| {
+        if slot.is_none() {
+            *slot = Some(h);
+        }
+    });
+}
+
+fn set_hook(h: impl FnMut(Point) + 'static) {
+    HOOK.with_borrow_mut(|slot| *slot = Some(Box::new(h)));
+}
+
+fn clear_hook() {
+    HOOK.with_borrow_mut(|slot| *slot = None);
+}
+
 fn fs_on(dir: &Path, max_fds: usize) -> Fs {
     let acct = Accounting::new();
     Fs::new(
@@ -417,4 +455,91 @@ fn dirent_nodeids_match_later_lookups() {
             "{name}"
         );
     }
+}
+
+/// Two LOOKUPs of a new file race: A inserts the inode (count 1) while B waits for the write
+/// guard; B then finds it. A FORGET of A's reference that lands right after B releases the
+/// guard must leave B's reference counted: the nodeid B returns stays known.
+#[test]
+fn a_forget_between_lookups_never_drops_a_reference_the_kernel_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let fs = Arc::new(fs_on(dir.path(), 64));
+    let raced: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    {
+        let (fs, raced) = (Arc::clone(&fs), Arc::clone(&raced));
+        set_hook(move |point| match point {
+            // Lookup A, from "another thread", completes first.
+            Point::BeforeWriteGuard if raced.lock().is_none() => {
+                let a = fs.lookup(ROOT_ID, OsStr::new("f")).unwrap();
+                *raced.lock() = Some(a.nodeid);
+            }
+            // The kernel forgets A's reference while B is between the guard and its reply.
+            Point::AfterCountedUnderWriteGuard => {
+                let id = raced.lock().expect("lookup A ran");
+                fs.forget(id, 1);
+            }
+            _ => {}
+        });
+    }
+    let b = fs.lookup(ROOT_ID, OsStr::new("f"));
+    clear_hook();
+    let b = b.unwrap();
+    assert_eq!(
+        Some(b.nodeid),
+        *raced.lock(),
+        "both lookups found one inode"
+    );
+    // The kernel holds B's reference: the nodeid must still be served.
+    assert_eq!(fs.getattr(b.nodeid, None).unwrap().st_size, 1);
+    assert_eq!(fs.inode(b.nodeid).unwrap().lookups.load(SeqCst), 1);
+    fs.forget(b.nodeid, 1);
+    assert_eq!(
+        fs.getattr(b.nodeid, None).unwrap_err().raw_errno(),
+        libc::ESTALE
+    );
+}
+
+/// Lower fds of the process that point into `dir`.
+fn fds_into(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
+        .count()
+}
+
+#[test]
+fn close_lower_fds_closes_everything_and_later_calls_fail_with_eio() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("d")).unwrap();
+    let fs = fs_on(&root, 64);
+    let (e, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e.nodeid, fh, 0, b"data", None).unwrap();
+    let d = fs.lookup(ROOT_ID, OsStr::new("d")).unwrap();
+    fs.getattr(d.nodeid, None).unwrap();
+    fs.readlink(d.nodeid).unwrap_err(); // caches an O_PATH fd for d
+    assert!(fds_into(&root) >= 2, "root fd, handle fd, O_PATH fd");
+    assert!(fs.close_lower_fds().is_empty());
+    assert_eq!(fds_into(&root), 0, "every lower fd is closed");
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"data");
+    let eio = |r: Result<()>| assert_eq!(r.unwrap_err().raw_errno(), libc::EIO);
+    eio(fs.lookup(ROOT_ID, OsStr::new("f")).map(drop));
+    eio(fs.getattr(e.nodeid, None).map(drop));
+    eio(fs.getattr(ROOT_ID, None).map(drop));
+    eio(fs.read(e.nodeid, fh, 0, &mut [0; 4]).map(drop));
+    eio(fs.write(e.nodeid, fh, 0, b"x", None).map(drop));
+    eio(fs.flush(e.nodeid, fh));
+    eio(fs.release(e.nodeid, fh));
+    eio(fs
+        .open(e.nodeid, libc::O_RDONLY, Caller::ROOT, None)
+        .map(drop));
+    eio(fs.opendir(ROOT_ID, 0).map(drop));
+    eio(fs.statfs().map(drop));
+    eio(fs
+        .mkdir(ROOT_ID, OsStr::new("x"), 0o755, Caller::ROOT)
+        .map(drop));
+    assert!(fs.close_lower_fds().is_empty(), "idempotent");
+    assert_eq!(fds_into(&root), 0);
 }

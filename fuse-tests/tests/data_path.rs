@@ -1,0 +1,512 @@
+//! Data-path defects, each checked on a real mount against the raw lower: the same scenario
+//! runs on a scratch directory of the lower itself and through drainfs, and the results must
+//! agree. Scenarios that need a gcsfuse-like lower (release-time upload errors, the lazy
+//! unmount, interrupted uploads, probes during the quiet period) run over `bucketfs` and key
+//! on drainfs's exit code, its `--summary-file` and the lower's event log.
+
+#[macro_use]
+mod common;
+
+use std::ffi::CString;
+use std::fs::{self, Permissions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use fuse_tests::bucket::read_events;
+use fuse_tests::harness::{BucketStack, is_mounted};
+
+both_modes!(
+    o_append_with_a_shared_mapping_writes_at_the_pages_offset,
+    a_hard_link_stays_reachable_after_the_other_name_is_removed,
+    o_trunc_by_an_unprivileged_owner_clears_set_user_id,
+    root_with_another_gid_creates_inodes_of_that_gid,
+    readdirplus_reports_dot_dot_as_the_parent,
+    a_lazy_unmount_still_lets_the_lower_stop_cleanly,
+    an_interrupted_close_logs_no_error,
+    probes_do_not_restart_the_quiet_period,
+);
+
+/// A scratch directory inside the lower (the raw lower's side of a comparison).
+fn scratch(m: &Mounted) -> tempfile::TempDir {
+    let d = tempfile::tempdir_in(&m.lower).unwrap();
+    fs::set_permissions(d.path(), Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// Opens `p` with O_RDWR|O_APPEND, writes "HELLO" at offset 0 through a shared writable
+/// mapping, msyncs, unmaps and closes; returns the file's size and first 5 bytes as seen on
+/// `check` (the same file on the lower).
+fn append_and_map(p: &Path, check: &Path) -> (u64, Vec<u8>) {
+    fs::write(p, vec![b'x'; 4096]).unwrap();
+    let f = open(p, libc::O_RDWR | libc::O_APPEND, 0).unwrap();
+    // SAFETY: a fresh shared mapping of 4096 bytes of an fd we own, written within bounds and
+    // unmapped before the fd is closed.
+    unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), m.cast::<u8>(), 5);
+        assert_eq!(libc::msync(m, 4096, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(m, 4096), 0);
+    }
+    close(f).unwrap();
+    let data = fs::read(check).unwrap();
+    (data.len() as u64, data[..5].to_vec())
+}
+
+fn o_append_with_a_shared_mapping_writes_at_the_pages_offset(mode: &str) {
+    let m = mount(mode, &[]);
+    let raw = scratch(&m);
+    let want = append_and_map(&raw.path().join("f"), &raw.path().join("f"));
+    assert_eq!(
+        want,
+        (4096, b"HELLO".to_vec()),
+        "test assumption: the lower"
+    );
+    let got = append_and_map(&m.path("f"), &m.lower_path("f"));
+    assert_eq!(got, want, "through the mount");
+    assert_eq!(fs::read(m.path("f")).unwrap().len(), 4096);
+    // Plain appends through an O_APPEND fd still go to the end of the file.
+    let f = open(&m.path("f"), libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+    use std::io::Write;
+    (&f).write_all(b"tail").unwrap();
+    close(f).unwrap();
+    let data = fs::read(m.lower_path("f")).unwrap();
+    assert_eq!(data.len(), 4100);
+    assert_eq!(&data[4096..], b"tail");
+}
+
+/// `stat a b; rm b; cat a` for two hard links made on the lower: returns what `cat a` gives.
+fn links_scenario(view: &Path, lower: &Path) -> std::io::Result<Vec<u8>> {
+    fs::write(lower.join("a"), b"linked").unwrap();
+    fs::hard_link(lower.join("a"), lower.join("b")).unwrap();
+    let (sa, sb) = (
+        fs::metadata(view.join("a")).unwrap(),
+        fs::metadata(view.join("b")).unwrap(),
+    );
+    assert_eq!(sa.ino(), sb.ino());
+    fs::remove_file(view.join("b")).unwrap();
+    fs::read(view.join("a"))
+}
+
+fn a_hard_link_stays_reachable_after_the_other_name_is_removed(mode: &str) {
+    let m = mount(mode, &[]);
+    let raw = scratch(&m);
+    let want = links_scenario(raw.path(), raw.path()).unwrap();
+    fs::create_dir(m.lower_path("d")).unwrap();
+    let got = links_scenario(&m.path("d"), &m.lower_path("d"));
+    assert_eq!(got.unwrap(), want);
+    // Attributes through the remaining name (a GETATTR without a handle) too.
+    assert_eq!(fs::metadata(m.path("d/a")).unwrap().nlink(), 1);
+    // And the same after the other name is renamed away and removed.
+    fs::hard_link(m.lower_path("d/a"), m.lower_path("d/c")).unwrap();
+    fs::metadata(m.path("d/a")).unwrap();
+    fs::metadata(m.path("d/c")).unwrap();
+    fs::rename(m.path("d/c"), m.path("d/e")).unwrap();
+    fs::remove_file(m.path("d/e")).unwrap();
+    assert_eq!(fs::read(m.path("d/a")).unwrap(), b"linked");
+}
+
+const USER: u32 = 4242;
+
+/// User USER opens its own files with O_WRONLY|O_TRUNC; returns their modes afterwards.
+fn trunc_scenario(dir: &Path) -> Vec<u32> {
+    let modes = [0o4755, 0o6755, 0o2755, 0o4700];
+    modes
+        .iter()
+        .enumerate()
+        .map(|(i, mode)| {
+            let p = dir.join(format!("t{i}"));
+            fs::write(&p, b"data").unwrap();
+            std::os::unix::fs::chown(&p, Some(USER), Some(USER)).unwrap();
+            fs::set_permissions(&p, Permissions::from_mode(*mode)).unwrap();
+            let pc = cpath(&p);
+            assert_eq!(
+                as_user(USER, USER, || try_open(
+                    &pc,
+                    libc::O_WRONLY | libc::O_TRUNC,
+                    0
+                )),
+                0,
+                "open {mode:o} O_TRUNC as its owner"
+            );
+            assert_eq!(fs::metadata(&p).unwrap().len(), 0);
+            fs::metadata(&p).unwrap().mode() & 0o7777
+        })
+        .collect()
+}
+
+fn o_trunc_by_an_unprivileged_owner_clears_set_user_id(mode: &str) {
+    let m = mount(mode, &[]);
+    let raw = scratch(&m);
+    let want = trunc_scenario(raw.path());
+    assert_eq!(
+        want,
+        [0o755, 0o755, 0o755, 0o700],
+        "test assumption: the lower"
+    );
+    let got = trunc_scenario(&m.path(""));
+    assert_eq!(got, want, "through the mount");
+    for (i, w) in want.iter().enumerate() {
+        let l = fs::metadata(m.lower_path(&format!("t{i}"))).unwrap().mode() & 0o7777;
+        assert_eq!(l, *w, "t{i} on the lower");
+    }
+}
+
+const GID: u32 = 4343;
+
+/// A uid-0 process whose gid is GID creates a file, a directory, a fifo and a symlink in
+/// `dir`; returns their groups.
+fn root_gid_scenario(dir: &Path) -> Vec<u32> {
+    let names = ["file", "dir", "fifo", "link"];
+    let paths: Vec<CString> = names.iter().map(|n| cpath(&dir.join(n))).collect();
+    let target = CString::new("file").unwrap();
+    let code = in_child(
+        Some(Creds {
+            uid: 0,
+            gid: GID,
+            groups: &[],
+        }),
+        // SAFETY: raw syscalls on paths prepared before the fork.
+        || unsafe {
+            let fd = libc::open(paths[0].as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+            if fd < 0 {
+                return 10;
+            }
+            libc::close(fd);
+            if libc::mkdir(paths[1].as_ptr(), 0o755) < 0 {
+                return 11;
+            }
+            if libc::mknod(paths[2].as_ptr(), libc::S_IFIFO | 0o644, 0) < 0 {
+                return 12;
+            }
+            if libc::symlink(target.as_ptr(), paths[3].as_ptr()) < 0 {
+                return 13;
+            }
+            0
+        },
+    );
+    assert_eq!(code, 0, "creating as 0:{GID}");
+    names
+        .iter()
+        .map(|n| fs::symlink_metadata(dir.join(n)).unwrap().gid())
+        .collect()
+}
+
+fn root_with_another_gid_creates_inodes_of_that_gid(mode: &str) {
+    let m = mount(mode, &[]);
+    let raw = scratch(&m);
+    let want = root_gid_scenario(raw.path());
+    assert_eq!(want, [GID; 4], "test assumption: the lower");
+    fs::create_dir(m.lower_path("d")).unwrap();
+    assert_eq!(root_gid_scenario(&m.path("d")), want, "through the mount");
+    for n in ["file", "dir", "fifo", "link"] {
+        let l = fs::symlink_metadata(m.lower_path(&format!("d/{n}"))).unwrap();
+        assert_eq!(l.gid(), GID, "{n} on the lower");
+    }
+}
+
+/// `(d_ino of ".", d_ino of "..")` of `dir`, read with getdents from offset 0.
+fn dot_inos(dir: &Path) -> (u64, u64) {
+    let mut d = nix::dir::Dir::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let (mut dot, mut dotdot) = (None, None);
+    for e in d.iter() {
+        let e = e.unwrap();
+        match e.file_name().to_bytes() {
+            b"." => dot = Some(e.ino()),
+            b".." => dotdot = Some(e.ino()),
+            _ => {}
+        }
+    }
+    (dot.expect("."), dotdot.expect(".."))
+}
+
+fn readdirplus_reports_dot_dot_as_the_parent(mode: &str) {
+    let m = mount(mode, &[]);
+    let check = |top: &Path| {
+        fs::create_dir_all(top.join("p/c")).ok();
+        fs::write(top.join("p/c/f"), b"x").unwrap();
+        let (dot, dotdot) = dot_inos(&top.join("p/c"));
+        (
+            dot == fs::metadata(top.join("p/c")).unwrap().ino(),
+            dotdot == fs::metadata(top.join("p")).unwrap().ino(),
+        )
+    };
+    let raw = scratch(&m);
+    assert_eq!(
+        check(raw.path()),
+        (true, true),
+        "test assumption: the lower"
+    );
+    fs::create_dir(m.lower_path("top")).unwrap();
+    // A directory not looked up before its listing, and one that was.
+    assert_eq!(check(&m.path("top")), (true, true), "through the mount");
+    fs::create_dir_all(m.lower_path("fresh/p/c")).unwrap();
+    let (dot, dotdot) = dot_inos(&m.path("fresh/p/c"));
+    assert_eq!(dot, fs::metadata(m.path("fresh/p/c")).unwrap().ino());
+    assert_eq!(dotdot, fs::metadata(m.path("fresh/p")).unwrap().ino());
+}
+
+trait StackExt {
+    fn touch_exit_file(&self);
+    fn summary(&self) -> serde_json::Value;
+    fn wait_exit(&mut self, timeout: Duration) -> i32;
+}
+
+impl StackExt for BucketStack {
+    fn touch_exit_file(&self) {
+        fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
+        fs::write(&self.exit_file, b"").unwrap();
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        serde_json::from_str(&fs::read_to_string(&self.summary).expect("summary file written"))
+            .unwrap()
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
+            panic!(
+                "drainfs did not exit within {timeout:?}:\n{}",
+                self.m.proc.stderr_text()
+            )
+        });
+        st.code().unwrap_or(-1)
+    }
+}
+
+/// Writes through a shared mapping after `close()`: the lower's upload happens when drainfs
+/// closes its lower fd at RELEASE, and here it fails. drainfs must count that as a failed
+/// flush: exit 75, the file named in the summary, the lower flush error counted.
+///
+/// Not in `always`: there the mapping is of the lower's own file (the backing file), so the
+/// mapping's pages reach the lower after drainfs's RELEASE, exactly as without drainfs.
+fn a_release_time_lower_error_is_a_failed_flush(mode: &str) {
+    let mut s = over_bucketfs(
+        mode,
+        &["--fail-upload", "relfail", "--upload-delay", "50ms"],
+    );
+    fs::write(s.bucket.join("relfail"), vec![b'o'; 4096]).unwrap();
+    let f = open(&s.m.path("relfail"), libc::O_RDWR, 0).unwrap();
+    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        close(f).expect("close before any write: nothing to upload");
+        std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), p.cast::<u8>(), 5);
+        assert_eq!(libc::munmap(p, 4096), 0);
+    }
+    let events = s.events.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || read_events(&events)
+            .iter()
+            .any(|e| e.is("upload_failed", "relfail"))),
+        "the lower's upload at RELEASE was not attempted"
+    );
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
+    let sum = s.summary();
+    let failed = sum["failed_flushes"].as_array().expect("failed_flushes");
+    assert!(
+        failed
+            .iter()
+            .any(|f| f.as_str().is_some_and(|f| f.contains("relfail"))),
+        "summary: {sum}"
+    );
+    assert!(
+        sum["counts"]["lower_flush_errors"].as_u64().unwrap() >= 1,
+        "{sum}"
+    );
+    assert_eq!(
+        fs::read(s.bucket.join("relfail")).unwrap(),
+        vec![b'o'; 4096],
+        "test assumption: the failed upload kept the old object"
+    );
+}
+
+mod a_release_time_lower_error_is_a_failed_flush {
+    #[test]
+    fn never() {
+        super::a_release_time_lower_error_is_a_failed_flush("never")
+    }
+
+    #[test]
+    fn reads() {
+        super::a_release_time_lower_error_is_a_failed_flush("reads")
+    }
+}
+
+/// A process keeps its cwd inside the mount, so drainfs's unmount becomes a lazy detach. The
+/// lower must still unmount and exit by itself (not be SIGKILLed), and drainfs exit 0 soon.
+fn a_lazy_unmount_still_lets_the_lower_stop_cleanly(mode: &str) {
+    let mut s = over_bucketfs(mode, &[]);
+    fs::write(s.m.path("f"), b"data").unwrap();
+    let mut holder = Command::new("sleep")
+        .arg("60")
+        .current_dir(s.m.path(""))
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    let took = t0.elapsed();
+    eprintln!("{mode}: drainfs exited {took:?} after the exit file");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    assert!(
+        took < Duration::from_secs(4),
+        "drainfs took {took:?} to exit"
+    );
+    let ev = read_events(&s.events);
+    assert!(
+        ev.iter().any(|e| e.event == "exit"),
+        "the lower did not exit by itself: {ev:?}"
+    );
+    assert!(!is_mounted(&s.m.lower), "lower mount left behind");
+    assert_eq!(fs::read(s.bucket.join("f")).unwrap(), b"data");
+}
+
+/// drainfs's JSON log lines at ERROR severity.
+fn error_lines(m: &Mounted) -> Vec<String> {
+    m.proc
+        .stderr
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .is_some_and(|v| v["severity"] == "ERROR")
+        })
+        .cloned()
+        .collect()
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// A process blocked in `close()` on a slow upload gets signals (each interrupts the FLUSH,
+/// which the kernel then forwards as FUSE_INTERRUPT). Nothing fails, so no ERROR line.
+fn an_interrupted_close_logs_no_error(mode: &str) {
+    let mut s = fuse_tests::harness::over_bucketfs(
+        &["--passthrough", mode, "--log-format", "json"],
+        &["--upload-delay", "1500ms"],
+        true,
+    );
+    let p = cpath(&s.m.path("slow"));
+    // SAFETY: the child makes raw syscalls on data prepared before the fork and leaves with
+    // _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore_signal as *const () as usize;
+            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+            let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+            if fd < 0 {
+                libc::_exit(10);
+            }
+            if libc::write(fd, b"data".as_ptr().cast(), 4) != 4 {
+                libc::_exit(11);
+            }
+            libc::_exit(if libc::close(fd) == 0 { 0 } else { 12 });
+        }
+    }
+    assert!(pid > 0);
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    assert_eq!(fs::read(s.bucket.join("slow")).unwrap(), b"data");
+    s.touch_exit_file();
+    assert_eq!(s.wait_exit(Duration::from_secs(30)), 0);
+    let lines = s.m.proc.stderr.lock().unwrap().len();
+    assert!(lines > 3, "JSON log lines were captured");
+    let errors = error_lines(&s.m);
+    assert!(
+        errors.is_empty(),
+        "ERROR lines in a run where nothing failed: {errors:#?}"
+    );
+}
+
+/// The admin server's address, read from drainfs's log line.
+fn admin_base(m: &Mounted) -> String {
+    let mut addr = None;
+    assert!(eventually(Duration::from_secs(10), || {
+        addr = m.proc.stderr.lock().unwrap().iter().find_map(|l| {
+            let i = l.find("admin server listening")?;
+            let a = l[i..].split("addr=").nth(1)?.split_whitespace().next()?;
+            Some(a.trim_matches('"').to_string())
+        });
+        addr.is_some()
+    }));
+    format!("http://{}", addr.unwrap())
+}
+
+/// `/livez` statfs's through the mount; probing it all through the quiet period after a
+/// SIGTERM must not restart the quiet period.
+fn probes_do_not_restart_the_quiet_period(mode: &str) {
+    let mut m = mount(
+        mode,
+        &["--admin-addr", "127.0.0.1:0", "--quiet-period", "1s"],
+    );
+    let base = admin_base(&m);
+    let agent = ureq::Agent::new_with_defaults();
+    let live = |agent: &ureq::Agent| {
+        agent
+            .get(format!("{base}/livez"))
+            .call()
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    };
+    assert_eq!(live(&agent), 200);
+    let t0 = Instant::now();
+    m.proc.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut exited = None;
+    while t0.elapsed() < Duration::from_secs(6) {
+        live(&agent);
+        if let Some(st) = m.proc.wait_timeout(Duration::from_millis(50)) {
+            exited = Some(st);
+            break;
+        }
+    }
+    let took = t0.elapsed();
+    let st = exited.unwrap_or_else(|| panic!("drainfs still running after {took:?}"));
+    assert_eq!(st.code(), Some(0));
+    assert!(
+        took < Duration::from_millis(2500),
+        "quiet period 1s, drainfs exited after {took:?}"
+    );
+}
