@@ -30,11 +30,12 @@ REPO="$(cd "$HERE/.." && pwd)"
 LOWERS="$HERE/lowers.py"
 HELPER="$HERE/demo-helper.py"
 
-# rclone with --vfs-cache-mode off uploads per file handle, and with kernel passthrough the kernel
-# writes through a second handle of its own, which never gets a FLUSH (scripts/LOWERS-NOTES.md,
-# section 4). So drainfs runs with `--passthrough reads` on this lower: kernel passthrough for
-# read-only opens, writes served by drainfs.
-GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-reads}"
+# drainfs runs with its default flags. rclone with --vfs-cache-mode off uploads per file handle,
+# and with kernel passthrough the kernel writes through a second handle of its own, which never
+# gets a FLUSH (scripts/LOWERS-NOTES.md, section 4); `--passthrough auto` knows this lower is not
+# one that keeps per-inode write state, so it serves the writes in drainfs by itself.
+# DEMO_GCS_PASSTHROUGH=<mode> passes an explicit --passthrough.
+GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-}"
 BIG_MIB="${DEMO_BIG_MIB:-200}"
 SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
 
@@ -346,15 +347,17 @@ run_with_drainfs() {
     log="$d/app.log"
     : >"$log"
     rclone_argv "$d" "$lower"
-    local cmd=("$DRAINFS" run --lower "$lower" --mountpoint "$mnt" --passthrough "$GCS_PASSTHROUGH"
+    local pt=()
+    if [ -n "$GCS_PASSTHROUGH" ]; then pt=(--passthrough "$GCS_PASSTHROUGH"); fi
+    local cmd=("$DRAINFS" run --lower "$lower" --mountpoint "$mnt" "${pt[@]}"
         --exit-file "$vol/exit" --summary-file "$d/summary.json" --ready-file "$d/ready"
         --grace-period 30s --lower-ready-timeout 30s -- "${RCLONE_ARGV[@]}")
     say "  drainfs starts rclone (the gcsfuse stand-in) on LOWER, waits for its mount, then mounts"
     say "  itself on MNT, where the application writes:"
     show_cmd "${cmd[@]}"
-    if [ "$GCS_PASSTHROUGH" != auto ]; then
-        say "  (--passthrough $GCS_PASSTHROUGH: rclone uploads per file handle, so drainfs serves the writes"
-        say "   itself; scripts/LOWERS-NOTES.md, section 4)"
+    if [ -z "$GCS_PASSTHROUGH" ]; then
+        say "  (default flags: rclone is not a lower known to keep per-inode write state, so"
+        say "   --passthrough auto serves the writes in drainfs; scripts/LOWERS-NOTES.md, section 4)"
     fi
     t_ready=$(now_ms)
     "${cmd[@]}" >"$d/drainfs.out" 2>"$d/drainfs.log" &

@@ -245,6 +245,12 @@ pub fn cleanup(paths: &[PathBuf], force: bool) -> i32 {
                 println!("{}: not mounted", p.display());
                 break;
             };
+            if !m.is_fuse() {
+                // A volume's own (bind) mount, or the filesystem underneath: never drainfs's to
+                // remove, --force or not.
+                println!("{}: {} mount, not FUSE; left alone", p.display(), m.fstype);
+                break;
+            }
             let dead = mount::is_dead(&abs);
             if !dead && !force {
                 println!(

@@ -54,6 +54,12 @@ pub struct InitInfo {
     pub passthrough_off_reason: Option<String>,
     /// Kernel FUSE ABI, `major.minor`.
     pub kernel_abi: String,
+    /// Writable opens use kernel passthrough (otherwise drainfs serves them).
+    pub writes_passthrough: bool,
+    /// Why the data path is what it is ([`crate::write_path::decide`]).
+    pub data_path_reason: String,
+    /// The lower's mount as the decision saw it: `fstype from source`.
+    pub lower_fs: Option<String>,
 }
 
 /// The fuser filesystem.
@@ -63,6 +69,8 @@ pub struct DrainFs {
     mode: PassthroughMode,
     passthrough: bool,
     init: Arc<Mutex<Option<InitInfo>>>,
+    /// The lower's mount (fstype, source), for the data path decision.
+    lower_fs: Option<(String, String)>,
 }
 
 impl DrainFs {
@@ -79,7 +87,15 @@ impl DrainFs {
             mode,
             passthrough: false,
             init,
+            lower_fs: None,
         }
+    }
+
+    /// Sets the lower's file system (mountinfo fstype and source) that `--passthrough auto`
+    /// decides on ([`crate::write_path::decide`]).
+    pub fn with_lower(mut self, fstype: &str, source: &str) -> Self {
+        self.lower_fs = Some((fstype.to_string(), source.to_string()));
+        self
     }
 }
 
@@ -278,34 +294,47 @@ impl Filesystem for DrainFs {
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
         let _ = config.set_max_background(64);
-        if self.mode != PassthroughMode::Never {
-            let reason = if !caps.contains(InitFlags::FUSE_PASSTHROUGH) {
-                Some("the kernel does not offer FUSE_PASSTHROUGH (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH)".to_string())
-            } else if !has_cap_sys_admin() {
-                Some("drainfs lacks CAP_SYS_ADMIN, which backing files need".to_string())
-            } else if config.set_max_stack_depth(1).is_err() {
-                Some("the kernel refused max_stack_depth 1".to_string())
-            } else {
-                match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
-                    Ok(()) => None,
-                    Err(_) => Some("the kernel refused FUSE_PASSTHROUGH".to_string()),
-                }
-            };
-            match reason {
-                None => self.passthrough = true,
-                Some(r) if self.mode == PassthroughMode::Always => {
-                    *self.init.lock() = Some(InitInfo {
-                        passthrough_off_reason: Some(r.clone()),
-                        ..info
-                    });
-                    return Err(std::io::Error::other(format!(
-                        "--passthrough always, but {r}"
-                    )));
-                }
-                Some(r) => info.passthrough_off_reason = Some(r),
-            }
+        let kernel = if self.mode == PassthroughMode::Never {
+            None
+        } else if !caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+            Some("the kernel does not offer FUSE_PASSTHROUGH (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH)".to_string())
+        } else if !has_cap_sys_admin() {
+            Some("drainfs lacks CAP_SYS_ADMIN, which backing files need".to_string())
+        } else if config.set_max_stack_depth(1).is_err() {
+            Some("the kernel refused max_stack_depth 1".to_string())
         } else {
-            info.passthrough_off_reason = Some("--passthrough never".to_string());
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) => None,
+                Err(_) => Some("the kernel refused FUSE_PASSTHROUGH".to_string()),
+            }
+        };
+        let lower = self
+            .lower_fs
+            .as_ref()
+            .map(|(t, s)| (t.as_str(), s.as_str()));
+        info.lower_fs = lower.map(|(t, s)| format!("{t} from {s}"));
+        match crate::write_path::decide(self.mode, lower, kernel.as_deref().map_or(Ok(()), Err)) {
+            Ok(d) => {
+                self.passthrough = d.reads_passthrough;
+                if d.reads_passthrough && !d.writes_passthrough {
+                    // Served exactly as `--passthrough reads`.
+                    self.mode = PassthroughMode::Reads;
+                }
+                info.writes_passthrough = d.writes_passthrough;
+                info.data_path_reason = d.reason;
+                if !d.reads_passthrough {
+                    info.passthrough_off_reason =
+                        Some(kernel.unwrap_or_else(|| "--passthrough never".to_string()));
+                }
+            }
+            Err(e) => {
+                *self.init.lock() = Some(InitInfo {
+                    passthrough_off_reason: kernel,
+                    data_path_reason: e.clone(),
+                    ..info
+                });
+                return Err(std::io::Error::other(e));
+            }
         }
         info.passthrough = self.passthrough;
         *self.init.lock() = Some(info);

@@ -22,3 +22,4 @@ pub mod run;
 pub mod signals;
 pub mod summary;
 pub mod triggers;
+pub mod write_path;

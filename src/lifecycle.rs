@@ -483,8 +483,8 @@ struct MountPath {
 struct RelayPath {
     relay: Arc<Relay>,
     events: mpsc::UnboundedReceiver<EngineEvent>,
-    /// The mountpoint drainfs mounted itself (self-mounted relay).
-    mounted: Option<PathBuf>,
+    /// The mount drainfs made itself (self-mounted relay), by mount ID.
+    mounted: Option<mount::MountInfo>,
 }
 
 /// What a data path reports while serving.
@@ -574,10 +574,12 @@ struct Runner {
     failed_flushes: Vec<String>,
     lower_exit: Option<String>,
     lower_stop: Option<LowerStop>,
-    /// The lower's FUSE mount, once it appeared (the only lower mount drainfs may remove).
-    lower_mount_id: Option<u64>,
     failed: bool,
     notes: Vec<String>,
+    /// The lower's FUSE mount (by mount ID): the only lower mount drainfs may remove.
+    lower_mount: Option<mount::MountInfo>,
+    /// drainfs's own mount (by mount ID), recorded right after mounting.
+    own_mount: Option<mount::MountInfo>,
     /// The relay's daemon died of a signal drainfs did not send.
     raise: Option<Signal>,
 }
@@ -621,9 +623,10 @@ pub async fn run(
         failed_flushes: Vec::new(),
         lower_exit: None,
         lower_stop: None,
-        lower_mount_id: None,
         failed: false,
         notes: Vec::new(),
+        lower_mount: None,
+        own_mount: None,
         raise: None,
     };
     let code = match relay {
@@ -801,6 +804,7 @@ impl Runner {
             }
             LowerProcess::Adopted { pid } => {
                 self.lower = Lower::adopted(pid);
+                self.lower_mount = mount::fuse_mount_above(&lower_path, None);
                 let p = lower_path.clone();
                 let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
                 if let Err(e) = answered {
@@ -833,6 +837,7 @@ impl Runner {
             }
         };
         let init = Arc::new(Mutex::new(None));
+        let mp_baseline = mount::baseline(&self.cfg.fs.mountpoint);
         let (session_done_tx, session_done) = oneshot::channel::<std::io::Result<()>>();
         let mounted = mount_session(
             &self.cfg,
@@ -841,6 +846,7 @@ impl Runner {
             session_done_tx,
         )
         .await;
+        let mounted = mounted.map(|m| self.own_mount = m);
         if let Err(e) = mounted {
             let why = init
                 .lock()
@@ -853,23 +859,29 @@ impl Runner {
                 .await;
             return ExitCode::Failed;
         }
+        if self.own_mount.is_none() {
+            self.own_mount = mount::fuse_mount_above(&self.cfg.fs.mountpoint, mp_baseline);
+        }
         // The FUSE connection behind drainfs's own mount (for an abort after a lazy detach).
-        let own_connection = mount::mount_at(&self.cfg.fs.mountpoint).and_then(|m| m.dev_minor);
+        let own_connection = self.own_mount.as_ref().and_then(|m| m.connection());
         let info = init.lock().clone().unwrap_or_default();
         tracing::info!(
             mountpoint = %self.cfg.fs.mountpoint.display(),
             lower = %self.cfg.fs.lower.display(),
             passthrough = info.passthrough,
+            writes_passthrough = info.writes_passthrough,
+            lower_fs = info.lower_fs.as_deref().unwrap_or(""),
+            reason = %info.data_path_reason,
             passthrough_off_reason = info.passthrough_off_reason.as_deref().unwrap_or(""),
             kernel_abi = %info.kernel_abi,
             threads = self.cfg.fs.threads,
             "mounted; data path: {}",
-            match (info.passthrough, self.cfg.fs.passthrough) {
+            match (info.passthrough, info.writes_passthrough) {
                 (false, _) => "served by drainfs",
-                (true, crate::config::PassthroughMode::Reads) => {
+                (true, false) => {
                     "kernel passthrough for read-only opens, writes served by drainfs"
                 }
-                (true, _) => "kernel passthrough",
+                (true, true) => "kernel passthrough",
             }
         );
         {
@@ -945,8 +957,8 @@ impl Runner {
                 tracing::error!(error = %e, "cannot start the relay's threads");
                 self.failed = true;
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-                if let Some(mp) = &mounted {
-                    let _ = mount::unmount(mp, true, Duration::from_secs(1));
+                if let Some(m) = &mounted {
+                    let _ = mount::unmount_mount(m, true, Duration::from_secs(1));
                 }
                 return ExitCode::Failed;
             }
@@ -1059,16 +1071,16 @@ impl Runner {
     /// (SIGKILL after).
     async fn stop_relay(&mut self, rp: &RelayPath, why: &str) {
         self.advance(Phase::Unmounting, why);
-        if let Some(mp) = rp.mounted.clone() {
+        if let Some(m) = rp.mounted.clone() {
             let lazy = self.machine.forced().is_some() || self.machine.lower_died().is_some();
             let res = self
                 .bounded(
                     |b| b.unmount,
                     blocking(move || {
                         if lazy {
-                            mount::unmount(&mp, true, Duration::from_secs(5))
+                            mount::unmount_mount(&m, true, Duration::from_secs(5))
                         } else {
-                            mount::unmount_or_detach(&mp, Duration::from_secs(5))
+                            mount::unmount_or_detach_mount(&m, Duration::from_secs(5))
                         }
                     }),
                 )
@@ -1210,12 +1222,11 @@ impl Runner {
     ) -> Option<ExitCode> {
         let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
         loop {
-            if let Some(m) = mount::mount_at(lower_path)
-                && Some(m.id) != before
+            if let Some(m) = mount::fuse_mount_above(lower_path, before)
                 && !mount::is_dead(lower_path)
             {
                 tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
-                self.lower_mount_id = Some(m.id);
+                self.lower_mount = Some(m);
                 return None;
             }
             if let Some(st) = self.lower.exited() {
@@ -1225,7 +1236,8 @@ impl Runner {
                     detail: format!("exited before ready ({}): {}", procs::describe(&st), tail),
                 }));
                 self.lower_exit = Some(procs::describe(&st));
-                self.cleanup_new_lower_mount(lower_path, before).await;
+                self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 return Some(ExitCode::LowerFailed);
             }
             if self.machine.step(Instant::now(), &Observation::default()) == Step::AbortStart {
@@ -1233,7 +1245,8 @@ impl Runner {
                     "shutdown before the lower was ready: stopping it; nothing was mounted"
                 );
                 self.stop_lower("shutdown before the lower was ready").await;
-                self.cleanup_new_lower_mount(lower_path, before).await;
+                self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 return Some(match self.lower_stop {
                     Some(LowerStop::Clean) | Some(LowerStop::NotSupervised) | None => {
                         ExitCode::Clean
@@ -1251,7 +1264,8 @@ impl Runner {
                 }));
                 self.stop_lower("the lower's mount did not appear in time")
                     .await;
-                self.cleanup_new_lower_mount(lower_path, before).await;
+                self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
                 return Some(ExitCode::LowerFailed);
             }
             // The mount table has no cheap notification usable here; 20 ms polling only lasts
@@ -1263,41 +1277,25 @@ impl Runner {
         }
     }
 
-    /// Removes a FUSE mount that appeared at `path` after `before` (a lower that mounted and
-    /// then failed or was stopped before drainfs took over).
-    async fn cleanup_new_lower_mount(&mut self, path: &Path, before: Option<u64>) {
-        if let Some(m) = mount::mount_at(path)
-            && Some(m.id) != before
-            && m.fstype.starts_with("fuse")
-        {
-            self.lower_mount_id = Some(m.id);
-        }
-        self.remove_lower_mount(path).await;
-    }
-
-    /// Removes the lower's FUSE mount if it is still the topmost mount at `path` (identified by
-    /// the mount ID seen when it appeared; a volume's own bind mount is never touched).
-    async fn remove_lower_mount(&mut self, path: &Path) {
-        let Some(id) = self.lower_mount_id else {
+    /// Removes the lower's FUSE mount `m`, identified by mount ID (a volume's own bind mount
+    /// is never touched), if it is still mounted: aborted and detached when the lower's process
+    /// is gone or the mount is dead, else unmounted (lazily if busy).
+    async fn remove_lower_mount(&mut self, m: Option<mount::MountInfo>) {
+        let Some(m) = m.filter(|m| mount::mount_by_id(m.id).is_some()) else {
             return;
         };
-        match mount::mount_at(path) {
-            Some(m) if m.id == id => {}
-            _ => return,
-        }
-        let p = path.to_path_buf();
+        let (path, id) = (m.mount_point.clone(), m.id);
         let exited = self.lower.exited().is_some() || !self.lower.watched();
         let res = self
             .bounded(
                 |b| b.lower_kill.max(Duration::from_millis(100)),
                 blocking(move || {
-                    if mount::mount_at(&p).is_none_or(|m| m.id != id) {
-                        return Ok(None);
+                    if exited || mount::is_dead(&m.mount_point) {
+                        mount::abort_mount(&m);
+                        mount::unmount_mount(&m, true, Duration::from_secs(5))
+                    } else {
+                        mount::unmount_or_detach_mount(&m, Duration::from_secs(5))
                     }
-                    if exited || mount::is_dead(&p) {
-                        mount::abort_fuse_connection(&p);
-                    }
-                    mount::unmount(&p, true, Duration::from_secs(5)).map(Some)
                 }),
             )
             .await;
@@ -1310,8 +1308,7 @@ impl Runner {
                 detail: why.to_string(),
             }));
             self.stop_lower(why).await;
-            let p = self.cfg.fs.lower.clone();
-            self.remove_lower_mount(&p).await;
+            self.remove_lower_mount(self.lower_mount.clone()).await;
         }
     }
 
@@ -1419,43 +1416,49 @@ impl Runner {
                 ),
             }
         }
+        if session_done.is_some() && self.own_mount.is_none() {
+            tracing::error!(mountpoint = %mp.display(), "drainfs's own mount was not found after mounting: not unmounting by path");
+            self.notes
+                .push("drainfs's own mount was not identified; left mounted".into());
+        }
         if let Some(session_done) = session_done {
-            let p = mp.clone();
-            let lazy_first = forced || self.machine.lower_died().is_some();
-            let res = self
-                .bounded(
-                    |b| b.unmount,
-                    blocking(move || {
-                        if lazy_first {
-                            mount::unmount(&p, true, Duration::from_secs(5))
-                        } else {
-                            mount::unmount_or_detach(&p, Duration::from_secs(5))
-                        }
-                    }),
-                )
-                .await;
-            let lazy = match res {
-                Some(Ok(u)) => {
-                    tracing::info!(mountpoint = %mp.display(), how = ?u, "unmounted drainfs");
-                    u == mount::Unmounted::Lazy
-                }
-                Some(Err(e)) => {
-                    tracing::error!(error = %e, "unmounting drainfs failed");
-                    self.notes.push(e.to_string());
-                    true
-                }
-                None => {
-                    self.notes
-                        .push("unmounting drainfs did not finish within its budget".into());
-                    true
-                }
-            };
-            if lazy {
-                // Detached but still referenced (a process's cwd or open file): the session
-                // would run until the last reference goes. Nothing outstanding remains to be
-                // served (or it was forced), so end the connection now.
-                if let Some(minor) = own_connection {
-                    mount::abort_connection(minor);
+            if let Some(own) = self.own_mount.clone() {
+                let lazy_first = forced || self.machine.lower_died().is_some();
+                let res = self
+                    .bounded(
+                        |b| b.unmount,
+                        blocking(move || {
+                            if lazy_first {
+                                mount::unmount_mount(&own, true, Duration::from_secs(5))
+                            } else {
+                                mount::unmount_or_detach_mount(&own, Duration::from_secs(5))
+                            }
+                        }),
+                    )
+                    .await;
+                let lazy = match res {
+                    Some(Ok(u)) => {
+                        tracing::info!(mountpoint = %mp.display(), how = ?u, "unmounted drainfs");
+                        u == mount::Unmounted::Lazy
+                    }
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, "unmounting drainfs failed");
+                        self.notes.push(e.to_string());
+                        true
+                    }
+                    None => {
+                        self.notes
+                            .push("unmounting drainfs did not finish within its budget".into());
+                        true
+                    }
+                };
+                if lazy {
+                    // Detached but still referenced (a process's cwd or open file): the session
+                    // would run until the last reference goes. Nothing outstanding remains to
+                    // be served (or it was forced), so end the connection now.
+                    if let Some(minor) = own_connection {
+                        mount::abort_connection(minor);
+                    }
                 }
             }
             let wait = session_done;
@@ -1506,11 +1509,9 @@ impl Runner {
             })
             .await;
             // Wait for its mount to go (gcsfuse unmounts on SIGINT); remove it if it lingers.
-            let lower = self.cfg.fs.lower.clone();
-            if let Some(id) = self.lower_mount_id {
-                let p = lower.clone();
+            if let Some(id) = self.lower_mount.as_ref().map(|m| m.id) {
                 let gone = async move {
-                    while mount::mount_at(&p).is_some_and(|m| m.id == id) {
+                    while mount::mount_by_id(id).is_some() {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 };
@@ -1518,7 +1519,7 @@ impl Runner {
                     .bounded(|b| b.lower_kill.min(Duration::from_secs(2)), gone)
                     .await;
             }
-            self.remove_lower_mount(&lower).await;
+            self.remove_lower_mount(self.lower_mount.clone()).await;
         }
         drain_exit_code(self)
     }
@@ -1625,7 +1626,7 @@ async fn mount_session(
     core: Arc<Fs>,
     init: Arc<Mutex<Option<InitInfo>>>,
     done: oneshot::Sender<std::io::Result<()>>,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<mount::MountInfo>> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("drainfs".into()),
@@ -1636,18 +1637,38 @@ async fn mount_session(
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(cfg.fs.threads);
     config.clone_fd = true;
-    let fs = DrainFs::new(core, cfg.fs.ttl, cfg.fs.passthrough, init);
+    let mut fs = DrainFs::new(core, cfg.fs.ttl, cfg.fs.passthrough, init);
+    if let Some(m) = mount::mount_containing(&cfg.fs.lower) {
+        fs = fs.with_lower(&m.fstype, &m.source);
+    }
     let mp = cfg.fs.mountpoint.clone();
-    let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<()>>();
+    let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<Option<mount::MountInfo>>>();
     std::thread::Builder::new()
         .name("fuse-session".into())
-        .spawn(move || match fuser::Session::new(fs, &mp, &config) {
-            Ok(session) => {
-                let _ = ready_tx.send(Ok(()));
-                let _ = done.send(session.run());
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
+        .spawn(move || {
+            // drainfs mounts itself (see `mount::mount_fuse`); without CAP_SYS_ADMIN fuser
+            // mounts through fusermount3.
+            let session = match mount::mount_fuse(&mp, "drainfs", "drainfs") {
+                Ok((fd, m)) => match fuser::Session::from_fd(fs, fd, config.acl, config.clone()) {
+                    Ok(s) => Ok((s, Some(m))),
+                    Err(e) => {
+                        let _ = mount::unmount_mount(&m, true, Duration::from_secs(5));
+                        Err(e)
+                    }
+                },
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    fuser::Session::new(fs, &mp, &config).map(|s| (s, None))
+                }
+                Err(e) => Err(e),
+            };
+            match session {
+                Ok((session, m)) => {
+                    let _ = ready_tx.send(Ok(m));
+                    let _ = done.send(session.run());
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
             }
         })?;
     ready_rx

@@ -1,6 +1,12 @@
-//! Mount-table facts and mount/unmount actions: pre-flight checks of `run`, finding the mount
-//! at a path in `/proc/self/mountinfo`, unmounting with `fusermount3`, and detecting dead FUSE
+//! Mount-table facts and mount/unmount actions: pre-flight checks of `run`, finding mounts in
+//! `/proc/self/mountinfo`, unmounting with `fusermount3` or `umount2`, and detecting dead FUSE
 //! mounts ("Transport endpoint is not connected").
+//!
+//! Mounts are identified by their mount ID, never by path: in Kubernetes every `volumeMount` is
+//! a bind mount, so the mountpoint and the lower are usually mount points of the volume itself,
+//! and a FUSE mount (drainfs's own, the lower's) is stacked on top of that bind mount. `umount2`
+//! and `fusermount3 -u` act on the topmost mount at a path, so every removal first checks that
+//! the topmost mount at the path is still the one drainfs means ([`unmount_mount`]).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -9,20 +15,37 @@ use std::time::Duration;
 
 use crate::procs;
 
-/// One line of `/proc/self/mountinfo`.
+/// One line of `/proc/self/mountinfo` (proc(5)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountInfo {
-    /// Unique mount id.
+    /// Unique mount ID (field 1), stable for the life of the mount in this mount namespace.
     pub id: u64,
+    /// Mount ID of the parent mount (field 2); for a mount stacked on another at the same
+    /// mount point, the one underneath.
+    pub parent_id: u64,
+    /// `major:minor` of the mounted filesystem (field 3); for FUSE the minor is the connection
+    /// number under `/sys/fs/fuse/connections/`.
+    pub devno: String,
     /// Where it is mounted.
     pub mount_point: PathBuf,
     /// Filesystem type (`fuse`, `fuse.drainfs`, `tmpfs`...).
     pub fstype: String,
     /// Mount source.
     pub source: String,
-    /// Minor device number (`major:minor` field); for a FUSE mount, its connection number in
-    /// `/sys/fs/fuse/connections/`.
-    pub dev_minor: Option<u32>,
+}
+
+impl MountInfo {
+    /// Whether this is a FUSE mount (`fuse`, `fuse.<subtype>`, `fuseblk`, `fuseblk.<subtype>`).
+    pub fn is_fuse(&self) -> bool {
+        let base = self.fstype.split('.').next().unwrap_or("");
+        base == "fuse" || base == "fuseblk"
+    }
+
+    /// The minor device number (`major:minor` field): for a FUSE mount, its connection number
+    /// in `/sys/fs/fuse/connections/`.
+    pub fn connection(&self) -> Option<u32> {
+        self.devno.split(':').nth(1)?.parse().ok()
+    }
 }
 
 fn unescape(field: &str) -> PathBuf {
@@ -55,13 +78,11 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
             let right: Vec<&str> = parts.next()?.split(' ').collect();
             Some(MountInfo {
                 id: left.first()?.parse().ok()?,
+                parent_id: left.get(1)?.parse().ok()?,
+                devno: (*left.get(2)?).to_string(),
                 mount_point: unescape(left.get(4)?),
                 fstype: (*right.first()?).to_string(),
                 source: unescape(right.get(1)?).to_string_lossy().into_owned(),
-                dev_minor: left
-                    .get(2)
-                    .and_then(|d| d.split(':').nth(1))
-                    .and_then(|m| m.parse().ok()),
             })
         })
         .collect()
@@ -75,9 +96,48 @@ pub fn mounts() -> Vec<MountInfo> {
 }
 
 /// The topmost mount whose mount point is exactly `path` (which must be absolute and
-/// canonical), if any.
+/// canonical), if any: of the mounts at `path`, the one no other mount at `path` is stacked on.
 pub fn mount_at(path: &Path) -> Option<MountInfo> {
-    mounts().into_iter().rev().find(|m| m.mount_point == path)
+    topmost(&mounts(), path)
+}
+
+/// [`mount_at`] over a given mount table.
+fn topmost(table: &[MountInfo], path: &Path) -> Option<MountInfo> {
+    let here: Vec<&MountInfo> = table.iter().filter(|m| m.mount_point == path).collect();
+    here.iter()
+        .rev()
+        .find(|m| !here.iter().any(|o| o.parent_id == m.id && o.id != m.id))
+        .map(|m| (*m).clone())
+}
+
+/// The mount that holds `path` (absolute, canonical): the topmost mount at the longest mount
+/// point that is `path` or one of its ancestors. `None` only if mountinfo cannot be read.
+pub fn mount_containing(path: &Path) -> Option<MountInfo> {
+    let table = mounts();
+    path.ancestors().find_map(|p| topmost(&table, p))
+}
+
+/// The mount with this ID in this mount namespace, if it is still mounted.
+pub fn mount_by_id(id: u64) -> Option<MountInfo> {
+    mounts().into_iter().find(|m| m.id == id)
+}
+
+/// The ID of the topmost mount at `path` now (`None`: `path` is not a mount point). Taken
+/// before drainfs starts the lower (or mounts itself), it is the baseline that
+/// [`fuse_mount_above`] compares with: the volume's own bind mount, or nothing.
+pub fn baseline(path: &Path) -> Option<u64> {
+    mount_at(&absolute(path)).map(|m| m.id)
+}
+
+/// The FUSE mount on top at `path` that is not `baseline`: the mount a lower (or drainfs)
+/// stacked there after the baseline was taken. `None` when the topmost mount at `path` is the
+/// baseline, is not FUSE (a volume's bind mount), or there is no mount at `path`.
+pub fn fuse_mount_above(path: &Path, baseline: Option<u64>) -> Option<MountInfo> {
+    fuse_above(&mounts(), &absolute(path), baseline)
+}
+
+fn fuse_above(table: &[MountInfo], path: &Path, baseline: Option<u64>) -> Option<MountInfo> {
+    topmost(table, path).filter(|m| m.is_fuse() && Some(m.id) != baseline)
 }
 
 /// Canonical absolute form of a path that may be a dead mount (where `canonicalize` fails
@@ -119,11 +179,15 @@ pub fn is_dead(path: &Path) -> bool {
 #[error("{0}")]
 pub struct Preflight(pub String);
 
-/// Checks what `run` needs before anything is started: the lower is a directory (only when
-/// `lower_must_exist`: a spawned lower may create its mountpoint... but it must exist to be
-/// mounted on, so this is always checked), the mountpoint is an existing directory that is not
-/// already a mount and not inside the lower, `/dev/fuse` opens read-write, `fusermount3` is on
-/// PATH.
+/// Checks what `run` needs before anything is started: the lower and the mountpoint are
+/// existing directories, neither is inside the other, `/dev/fuse` opens read-write,
+/// `fusermount3` is on PATH, and what is mounted at them is acceptable:
+/// - a mount of a non-FUSE filesystem (a Kubernetes volume is a bind mount of ext4, xfs, tmpfs,
+///   overlay...) is a volume and is accepted ([`check_existing_mount`]);
+/// - a dead FUSE mount (a killed predecessor) is repaired first;
+/// - a live FUSE mount at the mountpoint is refused (another drainfs or FUSE daemon serves
+///   there), and so is one at the lower when drainfs is to start the lower itself
+///   (`spawns_lower`); an adopted lower is a live FUSE mount by design.
 ///
 /// # Errors
 /// The first failed check, as one line naming the path and the fix.
@@ -142,12 +206,10 @@ pub fn preflight(
     let lower_abs = existing_dir(lower, "--lower")?;
     let mp_abs = existing_dir(mountpoint, "--mountpoint")?;
     if let Some(m) = mount_at(&mp_abs) {
-        return Err(Preflight(format!(
-            "--mountpoint {}: already a mount ({} from {}); unmount it or choose another directory",
-            mountpoint.display(),
-            m.fstype,
-            m.source
-        )));
+        check_existing_mount(&m, "--mountpoint", mountpoint)?;
+    }
+    if spawns_lower && let Some(m) = mount_at(&lower_abs) {
+        check_existing_mount(&m, "--lower", lower)?;
     }
     if mp_abs.starts_with(&lower_abs) {
         return Err(Preflight(format!(
@@ -180,6 +242,32 @@ pub fn preflight(
     Ok((lower_abs, mp_abs))
 }
 
+/// Whether the (live) topmost mount `m` at a `flag` path is acceptable: a non-FUSE mount is a
+/// volume (accepted, logged); a FUSE mount is refused.
+///
+/// # Errors
+/// For a FUSE mount: one line naming the flag, the path, the mount and the fix.
+pub fn check_existing_mount(m: &MountInfo, flag: &str, shown: &Path) -> Result<(), Preflight> {
+    if m.is_fuse() {
+        return Err(Preflight(format!(
+            "{flag} {}: already a live FUSE mount ({} from {}); is another drainfs or FUSE \
+             daemon serving there? Stop it, or remove it with `drainfs cleanup --force {}`",
+            shown.display(),
+            m.fstype,
+            m.source,
+            shown.display()
+        )));
+    }
+    tracing::info!(
+        path = %shown.display(),
+        fstype = %m.fstype,
+        source = %m.source,
+        mount_id = m.id,
+        "{flag} is a mount point of a non-FUSE filesystem (a volume): accepted"
+    );
+    Ok(())
+}
+
 /// `path` as an absolute path if it is an existing directory; otherwise one line naming the
 /// flag, the path and the fix.
 fn existing_dir(path: &Path, flag: &str) -> Result<PathBuf, Preflight> {
@@ -204,18 +292,27 @@ fn existing_dir(path: &Path, flag: &str) -> Result<PathBuf, Preflight> {
     }
 }
 
-/// Aborts and detaches a dead FUSE mount at `path` (peeling stacked ones), logging what it did.
+/// Aborts and detaches dead FUSE mounts stacked at `path` (topmost first), logging what it did.
+/// Stops at the first mount that is alive or not FUSE (a volume's bind mount is never touched).
 pub fn repair_if_dead(path: &Path, what: &str) {
     let abs = absolute(path);
     for _ in 0..8 {
-        if !is_dead(&abs) || mount_at(&abs).is_none() {
+        let Some(m) = mount_at(&abs) else { return };
+        if !m.is_fuse() || !is_dead(&abs) {
             return;
         }
-        tracing::warn!(path = %abs.display(), "{what} is a dead FUSE mount left by a killed process: detaching it");
-        abort_fuse_connection(&abs);
-        if let Err(e) = unmount(&abs, true, Duration::from_secs(5)) {
-            tracing::error!(path = %abs.display(), error = %e, "cannot detach the dead mount");
-            return;
+        tracing::warn!(path = %abs.display(), fstype = %m.fstype, mount_id = m.id, "{what} is a dead FUSE mount left by a killed process: detaching it");
+        abort_mount(&m);
+        match unmount_mount(&m, true, Duration::from_secs(5)) {
+            Ok(Unmounted::Lazy | Unmounted::Clean | Unmounted::NotMounted) => {}
+            Ok(other) => {
+                tracing::error!(path = %abs.display(), result = ?other, "cannot detach the dead mount");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(path = %abs.display(), error = %e, "cannot detach the dead mount");
+                return;
+            }
         }
     }
 }
@@ -240,100 +337,250 @@ pub enum Unmounted {
     Clean,
     /// The mount was busy and was detached lazily (open files keep it alive).
     Lazy,
-    /// Nothing was mounted there.
+    /// Nothing was mounted there (or the mount with that ID is already gone).
     NotMounted,
+    /// The mount is still there but another mount is stacked on top of it at the same path:
+    /// nothing was done, since `umount2` would remove the one on top.
+    Covered {
+        /// The mount that was meant.
+        id: u64,
+        /// The mount on top of it.
+        top: MountInfo,
+    },
 }
 
-/// Unmounts `path`: lazily with `umount2(MNT_DETACH)` first when `lazy` (as root), else with
-/// `fusermount3 -u` (`-z` when `lazy`), falling back to `umount2`
+/// A failed unmount.
+#[derive(Debug, thiserror::Error)]
+pub enum UnmountError {
+    /// The mount is still there after `fusermount3 -u` and `umount2`.
+    #[error("unmount {} (mount {id}) failed: {errno}; fusermount3: {helper}", path.display())]
+    Failed {
+        /// Where.
+        path: PathBuf,
+        /// The mount's ID.
+        id: u64,
+        /// `umount2`'s error (EBUSY when files are open on it, EPERM without CAP_SYS_ADMIN).
+        errno: std::io::Error,
+        /// `fusermount3`'s stderr, or why it could not run.
+        helper: String,
+    },
+    /// The mount point contains a NUL byte.
+    #[error("unmount {}: the path contains a NUL byte", path.display())]
+    BadPath {
+        /// Where.
+        path: PathBuf,
+    },
+}
+
+/// Unmounts the topmost mount at `path` (see [`unmount_mount`]); `NotMounted` when nothing is
+/// mounted there.
+///
+/// # Errors
+/// As [`unmount_mount`].
+pub fn unmount(path: &Path, lazy: bool, timeout: Duration) -> Result<Unmounted, UnmountError> {
+    match mount_at(&absolute(path)) {
+        Some(m) => unmount_mount(&m, lazy, timeout),
+        None => Ok(Unmounted::NotMounted),
+    }
+}
+
+/// Unmounts the mount `m`, identified by its mount ID: only when it is still the topmost
+/// mount at its mount point (checked before each action, since `umount2` and
+/// `fusermount3 -u` act on whatever is on top). Lazily with `umount2(MNT_DETACH)` first when
+/// `lazy` (as root), else with `fusermount3 -u` (`-z` when `lazy`), falling back to `umount2`
 /// (MNT_DETACH when lazy) for non-FUSE mounts or when fusermount3 refuses. `timeout` bounds the
 /// helper process.
 ///
+/// Returns `NotMounted` when the ID is gone already, `Covered` (and does nothing) when another
+/// mount is on top of it.
+///
 /// # Errors
-/// A message with fusermount3's stderr when the mount is still there afterwards.
-pub fn unmount(path: &Path, lazy: bool, timeout: Duration) -> Result<Unmounted, String> {
-    let abs = absolute(path);
-    if mount_at(&abs).is_none() {
-        return Ok(Unmounted::NotMounted);
+/// [`UnmountError::Failed`] with `umount2`'s errno and fusermount3's stderr when the mount is
+/// still there afterwards.
+pub fn unmount_mount(
+    m: &MountInfo,
+    lazy: bool,
+    timeout: Duration,
+) -> Result<Unmounted, UnmountError> {
+    let path = m.mount_point.clone();
+    let done = if lazy {
+        Unmounted::Lazy
+    } else {
+        Unmounted::Clean
+    };
+    if let Some(other) = not_on_top(m) {
+        return Ok(other);
     }
-    if lazy && detach(&abs) {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| UnmountError::BadPath { path: path.clone() })?;
+    if lazy {
         // As root a lazy detach is one syscall that never waits on the FUSE daemon: no helper
         // process to spawn, which matters when the deadline leaves milliseconds.
-        return Ok(Unmounted::Lazy);
+        // SAFETY: umount2 on a NUL-terminated path.
+        let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if r == 0 && mount_by_id(m.id).is_none() {
+            return Ok(done);
+        }
     }
-    let mut cmd = std::process::Command::new("fusermount3");
-    cmd.arg("-u").arg("-q");
-    if lazy {
-        cmd.arg("-z");
+    let mut helper = String::new();
+    if m.is_fuse() {
+        if let Some(other) = not_on_top(m) {
+            return Ok(other);
+        }
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u").arg("-q");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg("--").arg(&path);
+        helper = match procs::output(cmd, timeout) {
+            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => e.to_string(),
+        };
+        if mount_by_id(m.id).is_none() {
+            return Ok(done);
+        }
     }
-    cmd.arg("--").arg(&abs);
-    let out = procs::output(cmd, timeout);
-    if mount_at(&abs).is_none() {
-        return Ok(if lazy {
-            Unmounted::Lazy
-        } else {
-            Unmounted::Clean
-        });
+    if let Some(other) = not_on_top(m) {
+        return Ok(other);
     }
-    let c = std::ffi::CString::new(abs.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: umount2 on a NUL-terminated path.
     let r = unsafe { libc::umount2(c.as_ptr(), flags) };
-    if r == 0 || mount_at(&abs).is_none() {
-        return Ok(if lazy {
-            Unmounted::Lazy
-        } else {
-            Unmounted::Clean
-        });
-    }
     let errno = std::io::Error::last_os_error();
-    let stderr = match out {
-        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-        Err(e) => e.to_string(),
-    };
-    Err(format!(
-        "unmount {} failed: {errno}; fusermount3: {stderr}",
-        abs.display()
-    ))
+    if r == 0 || mount_by_id(m.id).is_none() {
+        return Ok(done);
+    }
+    Err(UnmountError::Failed {
+        path,
+        id: m.id,
+        errno,
+        helper,
+    })
 }
 
-/// `umount2(path, MNT_DETACH)`; true when the mount is gone from the table afterwards.
-fn detach(abs: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(abs.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: umount2 on a NUL-terminated path.
-    let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    r == 0 && mount_at(abs).is_none()
+/// `None` when `m` is the topmost mount at its mount point; otherwise what to answer instead
+/// (`NotMounted`: the ID is gone; `Covered`: something is stacked on it), logged.
+fn not_on_top(m: &MountInfo) -> Option<Unmounted> {
+    let table = mounts();
+    if !table.iter().any(|t| t.id == m.id) {
+        return Some(Unmounted::NotMounted);
+    }
+    match topmost(&table, &m.mount_point) {
+        Some(top) if top.id != m.id => {
+            tracing::warn!(
+                path = %m.mount_point.display(),
+                mount_id = m.id,
+                top_id = top.id,
+                top_fstype = %top.fstype,
+                "not unmounting: another mount is stacked on top of this one"
+            );
+            Some(Unmounted::Covered { id: m.id, top })
+        }
+        _ => None,
+    }
 }
 
-/// Unmounts `path` normally; if it is busy, detaches it lazily.
+/// Unmounts `path`'s topmost mount normally; if it is busy, detaches it lazily.
 ///
 /// # Errors
 /// When even the lazy unmount fails.
-pub fn unmount_or_detach(path: &Path, timeout: Duration) -> Result<Unmounted, String> {
-    match unmount(path, false, timeout) {
+pub fn unmount_or_detach(path: &Path, timeout: Duration) -> Result<Unmounted, UnmountError> {
+    match mount_at(&absolute(path)) {
+        Some(m) => unmount_or_detach_mount(&m, timeout),
+        None => Ok(Unmounted::NotMounted),
+    }
+}
+
+/// Unmounts the mount `m` normally; if it is busy, detaches it lazily (both only while it is
+/// the topmost mount at its mount point, see [`unmount_mount`]).
+///
+/// # Errors
+/// When even the lazy unmount fails.
+pub fn unmount_or_detach_mount(
+    m: &MountInfo,
+    timeout: Duration,
+) -> Result<Unmounted, UnmountError> {
+    match unmount_mount(m, false, timeout) {
         Ok(u) => Ok(u),
         Err(first) => {
-            tracing::warn!(path = %path.display(), error = %first, "unmount failed (busy?); detaching lazily");
-            unmount(path, true, timeout)
+            tracing::warn!(path = %m.mount_point.display(), error = %first, "unmount failed (busy?); detaching lazily");
+            unmount_mount(m, true, timeout)
         }
     }
 }
 
-/// Aborts the FUSE connection behind a mount (`/sys/fs/fuse/connections/<dev>/abort`), which
-/// fails every request waiting on a wedged daemon. Returns whether it was written.
+/// Mounts a FUSE file system at `mountpoint` with `mount(2)` (type `fuse.<subtype>`, source
+/// `fsname`, `nosuid,nodev,noatime`, `default_permissions,allow_other`) on a fresh `/dev/fuse`
+/// fd, and returns the fd (for `fuser::Session::from_fd`) with the new mount, identified by its
+/// mount ID.
+///
+/// drainfs mounts itself instead of letting `fuser::Session::new` do it because fuser's
+/// session, when it ends, unmounts its mountpoint again *by path*: after drainfs's own unmount
+/// that removes whatever is underneath, which in Kubernetes is the volume's bind mount.
+///
+/// # Errors
+/// EPERM without CAP_SYS_ADMIN (the caller then falls back to `fusermount3` through fuser);
+/// any other `open("/dev/fuse")` or `mount(2)` errno; ENOENT if the new mount cannot be found
+/// in mountinfo afterwards (it is then detached again).
+pub fn mount_fuse(
+    mountpoint: &Path,
+    fsname: &str,
+    subtype: &str,
+) -> std::io::Result<(std::os::fd::OwnedFd, MountInfo)> {
+    use nix::mount::MsFlags;
+    use std::os::fd::AsRawFd;
+    let abs = absolute(mountpoint);
+    let below = mount_at(&abs).map(|m| m.id);
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let fd: std::os::fd::OwnedFd = dev.into();
+    let data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions,allow_other",
+        fd.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    nix::mount::mount(
+        Some(fsname),
+        &abs,
+        Some(format!("fuse.{subtype}").as_str()),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
+        Some(data.as_str()),
+    )
+    .map_err(std::io::Error::from)?;
+    match fuse_mount_above(&abs, below) {
+        Some(m) => Ok((fd, m)),
+        None => {
+            if let Ok(c) = std::ffi::CString::new(abs.as_os_str().as_bytes()) {
+                // SAFETY: umount2 on a NUL-terminated path, right after our own mount(2) there.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the new mount at {} is not in mountinfo", abs.display()),
+            ))
+        }
+    }
+}
+
+/// Aborts the FUSE connection behind the topmost mount at `path` (see [`abort_mount`]).
 pub fn abort_fuse_connection(path: &Path) -> bool {
-    let abs = absolute(path);
-    let Some(m) = mount_at(&abs) else {
-        return false;
-    };
-    if !m.fstype.starts_with("fuse") {
+    mount_at(&absolute(path)).is_some_and(|m| abort_mount(&m))
+}
+
+/// Aborts the FUSE connection of mount `m` (`/sys/fs/fuse/connections/<minor>/abort`), which
+/// fails every request waiting on a wedged daemon. Only for a FUSE mount that is still mounted
+/// (by ID). Returns whether the abort file was written.
+pub fn abort_mount(m: &MountInfo) -> bool {
+    if !m.is_fuse() || mount_by_id(m.id).is_none() {
         return false;
     }
-    // The connection's number is the minor of the mount's st_dev, read from mountinfo's
+    // The connection's number is the minor of the mount's st_dev, from mountinfo's
     // major:minor field (stat on a wedged mount would hang).
-    m.dev_minor.is_some_and(abort_connection)
+    m.connection().is_some_and(abort_connection)
 }
 
 /// Aborts FUSE connection `minor` (`/sys/fs/fuse/connections/<minor>/abort`): every pending
@@ -378,11 +625,65 @@ mod tests {
             let err = preflight(&l, &m, false).unwrap_err().0;
             assert!(err.contains(want), "{l:?} {m:?}: {err}");
         }
-        assert!(
-            preflight(&d.path().join("lower"), Path::new("/proc"), false)
-                .unwrap_err()
-                .0
-                .contains("already a mount")
-        );
+        // A live FUSE mount is refused by the shared check; a volume (any other filesystem) is not.
+        let fuse = MountInfo {
+            id: 40,
+            parent_id: 30,
+            devno: "0:50".into(),
+            mount_point: mp.clone(),
+            fstype: "fuse.drainfs".into(),
+            source: "drainfs".into(),
+        };
+        let err = check_existing_mount(&fuse, "--mountpoint", &mp)
+            .unwrap_err()
+            .0;
+        assert!(err.contains("already a live FUSE mount"), "{err}");
+        for fstype in ["ext4", "tmpfs", "overlay", "xfs", "proc"] {
+            let vol = MountInfo {
+                fstype: fstype.into(),
+                ..fuse.clone()
+            };
+            assert!(
+                check_existing_mount(&vol, "--mountpoint", &mp).is_ok(),
+                "{fstype}"
+            );
+        }
+    }
+
+    const STACKED: &str = "\
+27 1 254:0 / / rw - ext4 /dev/vda rw
+100 27 254:0 /tmp/pod/data /tmp/pod/data rw shared:5 - ext4 /dev/vda rw
+101 27 254:0 /tmp/pod/lower /tmp/pod/lower rw - ext4 /dev/vda rw
+102 101 0:60 / /tmp/pod/lower rw - fuse.gcsfuse example-bucket rw
+103 100 0:61 / /tmp/pod/data rw shared:5 - fuse.drainfs drainfs rw
+";
+
+    #[test]
+    fn topmost_follows_the_parent_chain() {
+        let t = parse_mountinfo(STACKED);
+        assert_eq!(t[4].parent_id, 100);
+        assert_eq!(t[4].devno, "0:61");
+        assert_eq!(topmost(&t, Path::new("/tmp/pod/data")).unwrap().id, 103);
+        assert_eq!(topmost(&t, Path::new("/tmp/pod/lower")).unwrap().id, 102);
+        // Listed in another order, the chain still decides.
+        let mut rev = t.clone();
+        rev.reverse();
+        assert_eq!(topmost(&rev, Path::new("/tmp/pod/lower")).unwrap().id, 102);
+        assert!(topmost(&t, Path::new("/tmp/pod")).is_none());
+    }
+
+    #[test]
+    fn fuse_above_never_names_the_volume() {
+        let t = parse_mountinfo(STACKED);
+        let lower = Path::new("/tmp/pod/lower");
+        // Baseline: the volume's bind mount (101). The lower's FUSE mount is above it.
+        assert_eq!(fuse_above(&t, lower, Some(101)).unwrap().id, 102);
+        // The lower unmounted itself: only the volume is left, which is never a candidate.
+        let gone: Vec<MountInfo> = t.iter().filter(|m| m.id != 102).cloned().collect();
+        assert_eq!(fuse_above(&gone, lower, Some(101)), None);
+        assert_eq!(fuse_above(&gone, lower, None), None);
+        // The baseline itself is never "above".
+        assert_eq!(fuse_above(&t, lower, Some(102)), None);
+        assert!(t[4].is_fuse() && !t[1].is_fuse());
     }
 }

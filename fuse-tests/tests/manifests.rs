@@ -3,11 +3,20 @@
 //! the real binary. `run` invocations get `--check-config` (validate and print, mount nothing)
 //! and must exit 0 with the configuration the manifest meant; the other subcommands must not
 //! be rejected as usage errors (exit 2).
+//!
+//! Each `run` invocation also really runs in a pod on this machine (`fuse_tests::pod`): the
+//! manifest's paths are mapped into the pod's bind-mounted volume directories, gcsfuse is
+//! replaced by bucketfs, and drainfs must start as PID 1 of its sidecar, serve a write, stop
+//! as the manifest stops it (exit file, or SIGTERM for a native sidecar) with exit 0, and
+//! leave the volumes' bind mounts as they were.
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
-use fuse_tests::harness::bin;
+use fuse_tests::harness::{bin, wait_until};
+use fuse_tests::pod::{Container, Pod, mountinfo_of, top_at};
+use nix::sys::signal::Signal;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -100,5 +109,92 @@ fn every_manifest_invocation_is_accepted_by_the_binary() {
                 "{what} is a usage error:\n{stderr}"
             );
         }
+    }
+}
+
+#[test]
+fn every_manifest_run_invocation_serves_and_stops_in_a_pod() {
+    let runs: Vec<serde_json::Value> = invocations()
+        .into_iter()
+        .filter(|i| i["subcommand"] == "run")
+        .collect();
+    assert!(runs.len() >= 3, "expected a drainfs run in each manifest");
+    for inv in &runs {
+        let what = format!("{} / {}", inv["manifest"], inv["container"]);
+        let pod = Pod::new();
+        let manifest_argv: Vec<String> = inv["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let dashdash = manifest_argv
+            .iter()
+            .position(|a| a == "--")
+            .unwrap_or_else(|| panic!("{what}: no lower command"));
+        let mut argv = vec![bin("drainfs").display().to_string()];
+        argv.extend(manifest_argv[1..dashdash].iter().map(|a| pod.remap(a)));
+        argv.extend([
+            "--".to_string(),
+            bin("bucketfs").display().to_string(),
+            "--bucket".into(),
+            pod.path("bucket").display().to_string(),
+            "--mountpoint".into(),
+            pod.lower.path.display().to_string(),
+        ]);
+        let mut env: Vec<(String, String)> = vec![("RUST_LOG".into(), "info".into())];
+        for (k, v) in inv["env"].as_object().unwrap() {
+            let v = v.as_str().unwrap();
+            let v = match k.as_str() {
+                // One port per test run, loopback only.
+                "DRAINFS_ADMIN_ADDR" => "127.0.0.1:0".to_string(),
+                _ => pod.remap(v),
+            };
+            env.push((k.clone(), v));
+        }
+        let exit_file = argv
+            .iter()
+            .position(|a| a == "--exit-file")
+            .map(|i| PathBuf::from(&argv[i + 1]));
+        let mut sidecar = Container::sidecar(&argv, &env);
+        let data = pod.data.path.clone();
+        assert!(
+            wait_until(Duration::from_secs(30), || top_at(
+                &mountinfo_of("self"),
+                &data
+            )
+            .is_some_and(|m| m.source == "drainfs" && m.parent == pod.data.id)),
+            "{what}: drainfs's mount never reached the node:\n{}",
+            sidecar.proc.stderr_text()
+        );
+        let inside = mountinfo_of(&sidecar.pid1.to_string());
+        let in_sidecar = vec![
+            pod.volume_mount(&inside, &pod.data.path),
+            pod.volume_mount(&inside, &pod.lower.path),
+        ];
+        let body = format!("written through {what}\n");
+        std::fs::write(data.join("hello.txt"), &body).unwrap();
+        match &exit_file {
+            Some(f) => {
+                std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+                std::fs::write(f, b"").unwrap();
+            }
+            None => sidecar.signal(Signal::SIGTERM),
+        }
+        let st = sidecar
+            .wait_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{what}: drainfs did not stop"));
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "{what}:\n{}",
+            sidecar.proc.stderr_text()
+        );
+        assert_eq!(
+            std::fs::read_to_string(pod.path("bucket/hello.txt")).unwrap_or_default(),
+            body,
+            "{what}: the object"
+        );
+        pod.assert_volumes_intact(&sidecar, &in_sidecar);
     }
 }

@@ -36,21 +36,10 @@ use fuse_tests::lowers::{
 };
 use nix::sys::signal::Signal;
 
-/// `--passthrough` for drainfs over rclone. rclone (`--vfs-cache-mode off`) uploads per file
-/// handle, and with kernel passthrough the kernel writes through a second lower handle of its
-/// own that never receives a FLUSH, which races a 0-byte upload (LOWERS-NOTES.md, section 4):
-/// `reads` keeps passthrough for read-only opens and serves writes in drainfs.
-const GCS_PASSTHROUGH: &str = "reads";
-/// `--passthrough` for drainfs over s3fs, which stages one file per inode: passthrough is fine.
-const S3_PASSTHROUGH: &str = "auto";
-
-fn passthrough(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Gcs => GCS_PASSTHROUGH,
-        Kind::S3 => S3_PASSTHROUGH,
-    }
-}
-
+/// drainfs runs with default flags over both lowers: `--passthrough auto` gives writers kernel
+/// passthrough only on lowers known to keep per-inode write state, and rclone and s3fs are
+/// not among them (rclone `--vfs-cache-mode off` uploads per file handle, and the kernel's
+/// passthrough handle never gets a FLUSH: LOWERS-NOTES.md, section 4).
 const MIB: usize = 1 << 20;
 
 /// One test at a time in this process (see the module doc). Take it before anything forks.
@@ -71,7 +60,8 @@ struct Stack {
     lower_pid: i32,
 }
 
-fn stack(kind: Kind, passthrough: &str) -> Stack {
+/// `passthrough`: `Some(mode)` passes `--passthrough mode`; `None` leaves drainfs's default.
+fn stack(kind: Kind, passthrough: Option<&str>) -> Stack {
     let server = Server::start(kind);
     let dir = tempfile::Builder::new()
         .prefix(&format!("drainfs-real-{}-", kind.name()))
@@ -83,16 +73,17 @@ fn stack(kind: Kind, passthrough: &str) -> Stack {
     std::fs::create_dir(&mnt).unwrap();
     let exit_file = dir.path().join("volumes").join("exit");
     let summary = dir.path().join("summary.json");
-    let args = vec![
-        "--passthrough".to_string(),
-        passthrough.to_string(),
+    let mut args: Vec<String> = passthrough
+        .map(|p| vec!["--passthrough".to_string(), p.to_string()])
+        .unwrap_or_default();
+    args.extend([
         "--exit-file".into(),
         exit_file.display().to_string(),
         "--summary-file".into(),
         summary.display().to_string(),
         "--lower-ready-timeout".into(),
         "30s".into(),
-    ];
+    ]);
     let lower_cmd = server.mount_cmd(&lower);
     let client = lower_cmd[0].clone();
     let m = Mounted::start_in(
@@ -238,7 +229,7 @@ fn run(cmd: &mut Command) {
 
 fn workload_then_exit_file(kind: Kind) {
     let _serial = serial();
-    let mut s = stack(kind, passthrough(kind));
+    let mut s = stack(kind, None);
     let mut want = BTreeMap::new();
     std::fs::create_dir_all(s.m.path("out/nested/deeper")).unwrap();
     let mut files: Vec<(String, Vec<u8>)> = vec![
@@ -271,6 +262,29 @@ fn workload_then_exit_file(kind: Kind) {
     s.assert_bucket(&want);
 }
 
+/// Default flags over rclone (`--vfs-cache-mode off`, which uploads per file handle): every
+/// file whose close() returned 0 is complete in the bucket, and drainfs exits 0. With kernel
+/// passthrough for writers the kernel's own lower handle never gets a FLUSH, and objects end
+/// up empty or short while drainfs reports a clean exit.
+#[test]
+fn gcs_default_flags_every_closed_file_is_complete() {
+    let _serial = serial();
+    let mut s = stack(Kind::Gcs, None);
+    std::fs::create_dir_all(s.m.path("many")).unwrap();
+    let mut want = BTreeMap::new();
+    for i in 0..32 {
+        let key = format!("many/f-{i:02}.bin");
+        let data = pattern(100 + i, 64 * 1024 * (1 + i as usize % 4) + i as usize);
+        write_file(&s.m.path(&key), &data).unwrap_or_else(|e| panic!("writing {key}: {e}"));
+        want.insert(key, object_of(&data));
+    }
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    s.assert_clean_end();
+    s.assert_bucket(&want);
+}
+
 #[test]
 fn gcs_workload_then_exit_file_uploads_everything() {
     workload_then_exit_file(Kind::Gcs);
@@ -295,7 +309,7 @@ fn in_close(tid: i32, fd: i32) -> bool {
 
 fn sigterm_inside_close(kind: Kind) {
     let _serial = serial();
-    let mut s = stack(kind, passthrough(kind));
+    let mut s = stack(kind, None);
     let data = pattern(3, 64 * MIB);
     let want = object_of(&data);
     std::fs::create_dir(s.m.path("big")).unwrap();
@@ -360,7 +374,7 @@ fn s3_sigterm_while_a_large_file_is_inside_close_keeps_the_object() {
 /// stays mounted.
 fn lower_killed_while_a_file_is_open(kind: Kind, mode: &str, want: &[i32]) {
     let _serial = serial();
-    let mut s = stack(kind, mode);
+    let mut s = stack(kind, Some(mode));
     let mut f = open(
         &s.m.path("open.bin"),
         libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
@@ -415,7 +429,7 @@ fn s3_lower_killed_while_a_file_is_open_gives_eio_and_exit_69() {
 fn s3_passthrough_lower_killed_while_a_file_is_open_fails_the_fd_and_exits_69() {
     lower_killed_while_a_file_is_open(
         Kind::S3,
-        S3_PASSTHROUGH,
+        "always",
         &[libc::EIO, libc::ENOTCONN, libc::ECONNABORTED],
     );
 }
@@ -466,7 +480,7 @@ with open(sys.argv[1], "w") as f:
 fn everyday_tools(kind: Kind) {
     let _serial = serial();
     require_installed(&["rsync", "tar", "python3"]);
-    let mut s = stack(kind, passthrough(kind));
+    let mut s = stack(kind, None);
     let src = tempfile::Builder::new()
         .prefix("drainfs-real-src-")
         .tempdir_in("/tmp")

@@ -9,7 +9,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use nix::fcntl::{FcntlArg, fcntl};
@@ -27,9 +27,6 @@ use crate::procs;
 pub const DAEMON_FD: RawFd = 3;
 /// The kernel fd is moved to this number or above.
 pub const HIGH_FD: RawFd = 100;
-/// Mount options of a self-mounted relay (those the GKE CSI driver uses).
-pub const MOUNT_OPTIONS: &str =
-    "rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions";
 
 /// A relay ready to start: the connection, the socketpair's relay end, and the daemon running
 /// on the other end.
@@ -49,8 +46,8 @@ pub struct Prepared {
     pub exit: tokio::sync::oneshot::Receiver<WaitStatus>,
     /// The daemon's command line as run.
     pub argv: Vec<OsString>,
-    /// The mountpoint drainfs mounted itself (self-mounted relay), to unmount at the end.
-    pub mounted: Option<PathBuf>,
+    /// The mount drainfs made itself (self-mounted relay, by mount ID), to unmount at the end.
+    pub mounted: Option<crate::mount::MountInfo>,
 }
 
 /// Finds or mounts the connection, creates the socketpair and starts the daemon. Must run on
@@ -78,14 +75,13 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
         }
         RelayConnection::SelfMounted => {
             let (_, argv) = plan_argv(argv, None).map_err(usage)?;
-            let mp = cfg.fs.mountpoint.clone();
-            let kernel = mount_fuse(&mp).map_err(|e| (ExitCode::Failed, e))?;
-            (kernel, argv, Some(mp))
+            let (kernel, m) = mount_fuse(&cfg.fs.mountpoint).map_err(|e| (ExitCode::Failed, e))?;
+            (kernel, argv, Some(m))
         }
     };
     let undo = |e: (ExitCode, String)| {
-        if let Some(mp) = &mounted {
-            let _ = nix::mount::umount2(mp.as_path(), nix::mount::MntFlags::MNT_DETACH);
+        if let Some(m) = &mounted {
+            let _ = crate::mount::unmount_mount(m, true, std::time::Duration::from_secs(1));
         }
         e
     };
@@ -150,32 +146,20 @@ fn to_high_fd(fd: OwnedFd) -> Result<OwnedFd, String> {
     Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
-/// Opens `/dev/fuse` and mounts `mountpoint` on it (`fd=N,` + [`MOUNT_OPTIONS`], fstype
-/// `fuse.drainfs`, nosuid, nodev). Returns the connection.
+/// Opens `/dev/fuse` and mounts `mountpoint` on it ([`crate::mount::mount_fuse`]: fstype
+/// `fuse.drainfs`, source `drainfs`, `fd=N,rootmode=40000,user_id=U,group_id=G,
+/// default_permissions,allow_other`, nosuid, nodev, noatime). Returns the connection (moved
+/// to [`HIGH_FD`] or above, CLOEXEC) and the new mount.
 ///
 /// # Errors
-/// A one-line message with the errno of `open` (ENOENT: no FUSE module; EACCES) or `mount`
-/// (EPERM: not privileged).
-pub fn mount_fuse(mountpoint: &Path) -> Result<OwnedFd, String> {
-    use nix::fcntl::OFlag;
-    let fd = nix::fcntl::open(
-        "/dev/fuse",
-        OFlag::O_RDWR | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| format!("cannot open /dev/fuse: {e}"))?;
+/// A one-line message with the errno of `open` (ENOENT: no FUSE module) or `mount` (EPERM:
+/// not privileged).
+pub fn mount_fuse(mountpoint: &Path) -> Result<(OwnedFd, crate::mount::MountInfo), String> {
+    let (fd, m) = crate::mount::mount_fuse(mountpoint, "drainfs", "drainfs")
+        .map_err(|e| format!("cannot mount {}: {e}", mountpoint.display()))?;
     let fd = to_high_fd(fd)?;
-    let opts = format!("fd={},{MOUNT_OPTIONS}", fd.as_raw_fd());
-    nix::mount::mount(
-        Some("drainfs"),
-        mountpoint,
-        Some("fuse.drainfs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| format!("cannot mount {}: {e}", mountpoint.display()))?;
-    tracing::info!(mountpoint = %mountpoint.display(), "relay: mounted the FUSE connection");
-    Ok(fd)
+    tracing::info!(mountpoint = %mountpoint.display(), mount_id = m.id, "relay: mounted the FUSE connection");
+    Ok((fd, m))
 }
 
 /// Finds the kernel fd and the daemon's argv: the one `/dev/fd/N` argument names the kernel

@@ -57,9 +57,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session,
-    SessionACL, TimeOrNow, WriteFlags,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL,
+    TimeOrNow, WriteFlags,
 };
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use nix::sys::stat::{Mode, fchmod, futimens};
@@ -1535,13 +1535,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
             (session, Some(probe))
         }
         (None, Some(mountpoint)) => {
-            config.mount_options = vec![
-                MountOption::FSName(format!("bucketfs:{}", bucket.display())),
-                MountOption::Subtype("bucketfs".to_owned()),
-                MountOption::DefaultPermissions,
-            ];
             config.clone_fd = true;
-            let session = Session::new(fs, mountpoint, &config)
+            let session = mount_session(fs, mountpoint, &config, &bucket)
                 .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
             (session, None)
         }
@@ -1581,6 +1576,44 @@ fn run(args: Args) -> Result<ExitCode, String> {
     drop(temp_guard);
     events.log(json!({"event": "exit"}));
     Ok(code)
+}
+
+/// Mounts like gcsfuse does: one mount, removed once. As root the mount is made here with
+/// `mount(2)` and handed to fuser as an fd, because a session that fuser mounted unmounts its
+/// mountpoint again *by path* when it ends, which after an unmount removes whatever is
+/// underneath (a Kubernetes volume's bind mount). Without CAP_SYS_ADMIN fuser mounts through
+/// fusermount3.
+fn mount_session(
+    fs: BucketFs,
+    mountpoint: &Path,
+    config: &Config,
+    bucket: &Path,
+) -> io::Result<Session<BucketFs>> {
+    use nix::mount::MsFlags;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let fd: OwnedFd = dev.into();
+    let data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions,allow_other",
+        fd.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    let source = format!("bucketfs:{}", bucket.display());
+    match nix::mount::mount(
+        Some(source.as_str()),
+        mountpoint,
+        Some("fuse.bucketfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    ) {
+        Ok(()) => Session::from_fd(fs, fd, config.acl, config.clone()),
+        Err(nix::errno::Errno::EPERM) => Session::new(fs, mountpoint, config),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Entry point: parse the command line, mount, serve, and map errors to a one-line message
