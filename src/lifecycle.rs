@@ -3,8 +3,8 @@
 //! decision is made) with triggers and observations, and carries out its steps (close the door,
 //! tear down).
 //!
-//! The data paths ([`DataPath`]) differ only in how they start, what they report while
-//! serving ([`PathEvent`]) and how they are torn down:
+//! The data paths (`DataPath`) differ only in how they start, what they report while
+//! serving (`PathEvent`) and how they are torn down:
 //! - **mount**: drainfs mounts a passthrough view of the lower's directory (fuser session);
 //! - **relay**: drainfs relays a FUSE connection to the lower's process (its daemon) over a
 //!   socketpair ([`crate::relay`]); the daemon is the lower, its end of the socket is its

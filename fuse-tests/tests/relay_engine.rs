@@ -474,3 +474,26 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
     assert_eq!(s["cause"]["cause"], "quit_request");
     assert_eq!(std::fs::read(m.bucket().join("slow.txt")).unwrap(), b"slow");
 }
+
+#[test]
+fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
+    let mut m = start(&[], &["--upload-delay", "3s"], true);
+    let p = m.mnt().join("slow.txt");
+    let app = std::thread::spawn(move || write_file(&p, b"slow"));
+    std::thread::sleep(Duration::from_millis(400));
+    m.drainfs.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    m.drainfs.signal(Signal::SIGTERM);
+    let st = m.wait_exit(Duration::from_secs(5));
+    // Forced with the FLUSH in flight: incomplete. The daemon got EOF but waits for its
+    // upload (2.4 s more) beyond the second signal's budget for it (2 s), so drainfs SIGKILLs
+    // it; a death drainfs caused is reported by the exit code, not raised on drainfs.
+    assert_eq!(st.code(), Some(75), "{st:?} {}", m.drainfs.stderr_text());
+    let s = m.summary();
+    assert_eq!(s["forced"], "second_signal", "{s:#}");
+    assert_eq!(s["outstanding_at_force"]["in_flight"], 1, "{s:#}");
+    assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let _ = app.join();
+}
