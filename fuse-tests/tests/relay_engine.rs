@@ -192,15 +192,27 @@ fn drain_waits_for_a_slow_flush_and_the_door_refuses_new_creates() {
 
 #[test]
 fn daemon_killed_mid_flush_fails_the_request_with_eio_at_once() {
-    let mut m = start(&[], &["--hang-upload", "stuck"], true);
+    let events = tempfile::NamedTempFile::new().unwrap();
+    let ev = events.path().display().to_string();
+    let mut m = start(&[], &["--hang-upload", "stuck", "--events", &ev], true);
     let p = m.mnt().join("stuck.txt");
     let app = std::thread::spawn(move || write_file(&p, b"never uploaded"));
-    std::thread::sleep(Duration::from_millis(400));
+    // Kill the daemon once the FLUSH is in its hands (its upload started).
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            std::fs::read_to_string(events.path()).is_ok_and(|t| t.contains("upload_start"))
+        }),
+        "the FLUSH never reached the daemon"
+    );
     let daemon = m.drainfs.child_pid();
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), Signal::SIGKILL);
     let t = Instant::now();
     let r = app.join().unwrap();
-    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    assert_eq!(
+        r.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EIO)),
+        "{r:?}"
+    );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     let st = m.wait_exit(Duration::from_secs(4));
     // drainfs ends by the daemon's signal, as the daemon would have without it.
