@@ -1,9 +1,11 @@
 //! The fuser adapter: implements `fuser::Filesystem` on top of the core ([`crate::fs::Fs`]).
 //!
 //! Every handler has the same shape (mountpoint-s3's `fuse.rs`): count the request with an
-//! [`OpGuard`](crate::accounting::OpGuard), call the core, reply; on error `fail!` logs at the
-//! error's own level, counts it and replies with its errno. No handler writes an errno literal.
-//! Handlers are synchronous on fuser's worker threads and never wait for the control plane.
+//! [`OpGuard`], call the core, reply; on error `fail!` adds the
+//! request's context to the error (op, nodeid, fh, name, the lower's path), logs it once at
+//! the error's own level inside a span carrying the request's `unique`, counts it and replies
+//! with its errno. No handler writes an errno literal. Handlers are synchronous on fuser's
+//! worker threads and never wait for the control plane.
 //!
 //! Connection settings chosen in [`DrainFs::init`], each for a reason:
 //! - `FUSE_PASSTHROUGH` + `max_stack_depth = 1` (kernel passthrough onto a lower that may itself
@@ -16,7 +18,8 @@
 //!   `FUSE_ATOMIC_O_TRUNC` (O_TRUNC rides on OPEN instead of a second SETATTR round trip),
 //!   `FUSE_AUTO_INVAL_DATA` (the page cache is dropped when the lower's mtime or size changes),
 //!   `FUSE_CACHE_SYMLINKS`, `FUSE_DIRECT_IO_ALLOW_MMAP` (shared mmap of the direct-io writable
-//!   opens of `--passthrough reads`).
+//!   opens of `--passthrough reads`), `FUSE_ASYNC_DIO` (an application's large direct-io read
+//!   or write is sent as several requests at once).
 //! - Read-only opens get `FOPEN_NOFLUSH`: their close() costs no FLUSH round trip, and there is
 //!   nothing to upload.
 
@@ -37,13 +40,20 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::accounting::Op;
+use crate::accounting::{Op, OpGuard};
 use crate::config::PassthroughMode;
-use crate::error::Error;
-use crate::fs::{Backing, Caller, Entry, Fs, Passthrough, RegisterBacking, XattrReply, sys::Stat};
+use crate::error::{Error, Kind};
+use crate::fs::sys::{Stat, Timestamps};
+use crate::fs::{Backing, Caller, Entry, Fs, Opened, Passthrough, RegisterBacking, XattrReply};
 
-/// Largest READ/WRITE the kernel sends (1 MiB; also bounds the per-thread read buffer).
+/// Largest WRITE the kernel sends (`max_write`) and the readahead window (`max_readahead`):
+/// 1 MiB.
 pub const MAX_IO: u32 = 1 << 20;
+
+/// Largest READ served at once from a worker thread's buffer (4 MiB): a bigger READ is
+/// answered with the first 4 MiB (a short read). The buffer grows to the largest READ seen
+/// and is kept for the thread's life.
+const MAX_READ: usize = 4 * MAX_IO as usize;
 
 /// What INIT negotiated, for the start-up log line and `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -110,6 +120,19 @@ pub fn has_cap_sys_admin() -> bool {
     .unwrap_or(false)
 }
 
+/// A backing id registered for passthrough, type-erased for the core.
+fn backing(id: std::io::Result<fuser::BackingId>) -> std::io::Result<Backing> {
+    Ok(Arc::new(id?))
+}
+
+/// What an OPEN or CREATE replies with (see [`DrainFs::open_reply`]).
+struct OpenReply {
+    fh: FileHandle,
+    flags: FopenFlags,
+    /// Fuser's backing id, for a passthrough open.
+    backing: Option<Arc<fuser::BackingId>>,
+}
+
 /// Who sent a request that creates an inode (credentials are switched to it on the lower).
 fn caller(req: &Request) -> Caller {
     Caller {
@@ -125,22 +148,28 @@ fn is_own_thread(pid: u32) -> bool {
     pid != 0 && (pid == std::process::id() || Path::new(&format!("/proc/self/task/{pid}")).exists())
 }
 
-fn errno(e: Error) -> Errno {
+fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.raw_errno())
 }
 
-/// Logs an error at its level, counts it, and replies with its errno.
+/// What a failed request was about, as the kernel named it.
+struct At<'a> {
+    nodeid: u64,
+    fh: Option<u64>,
+    name: Option<&'a OsStr>,
+}
+
+/// The one way a handler fails a request: `fail!(self, req, guard, reply, error, ino = N)`
+/// with `fh = ...` (a `u64` or an `Option<u64>`) and `name = ...` where the request has
+/// them. It counts the failure, logs it once at the error's level with the request's context
+/// ([`DrainFs::failed`]) and replies with the error's errno.
 macro_rules! fail {
-    ($guard:ident, $reply:ident, $err:expr) => {{
-        let e: Error = $err;
-        $guard.fail();
-        match e.level() {
-            tracing::Level::WARN | tracing::Level::ERROR => {
-                tracing::warn!(op = $guard.op().name(), error = %e, "request failed")
-            }
-            _ => tracing::debug!(op = $guard.op().name(), error = %e, "request failed"),
-        }
-        $reply.error(errno(e));
+    ($self:ident, $req:ident, $guard:ident, $reply:ident, $err:expr, ino = $ino:expr $(, fh = $fh:expr)? $(, name = $name:expr)?) => {{
+        #[allow(unused_mut)]
+        let mut at = At { nodeid: $ino, fh: None, name: None };
+        $( at.fh = Option::<u64>::from($fh); )?
+        $( at.name = Some($name); )?
+        $reply.error($self.failed($req, &mut $guard, at, $err))
     }};
 }
 
@@ -182,9 +211,9 @@ pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
         ino: INodeNo(nodeid),
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
-        atime: to_time(st.st_atime, st.st_atime_nsec),
-        mtime: to_time(st.st_mtime, st.st_mtime_nsec),
-        ctime: to_time(st.st_ctime, st.st_ctime_nsec),
+        atime: to_time(st.st_atime, st.st_atime_nsec as i64),
+        mtime: to_time(st.st_mtime, st.st_mtime_nsec as i64),
+        ctime: to_time(st.st_ctime, st.st_ctime_nsec as i64),
         crtime: UNIX_EPOCH,
         kind: kind_of(st.st_mode),
         perm: (st.st_mode & 0o7777) as u16,
@@ -197,18 +226,19 @@ pub fn attr(nodeid: u64, st: &Stat) -> FileAttr {
     }
 }
 
-fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
+fn timespec(t: Option<TimeOrNow>) -> rustix::fs::Timespec {
+    use rustix::fs::{Timespec, UTIME_NOW, UTIME_OMIT};
     match t {
-        None => libc::timespec {
+        None => Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: UTIME_OMIT,
         },
-        Some(TimeOrNow::Now) => libc::timespec {
+        Some(TimeOrNow::Now) => Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_NOW,
+            tv_nsec: UTIME_NOW,
         },
         Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec {
+            Ok(d) => Timespec {
                 tv_sec: d.as_secs() as i64,
                 tv_nsec: i64::from(d.subsec_nanos()),
             },
@@ -219,7 +249,7 @@ fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
                     s -= 1;
                     n += 1_000_000_000;
                 }
-                libc::timespec {
+                Timespec {
                     tv_sec: s,
                     tv_nsec: n,
                 }
@@ -233,6 +263,50 @@ thread_local! {
 }
 
 impl DrainFs {
+    /// Counts a failed request, logs it once at the error's level (debug for a filesystem's
+    /// ordinary answers, warn for failures; see [`Error::level`]) inside a span carrying the
+    /// request's `unique`, op, nodeid and name, with the error's context (op, nodeid, fh,
+    /// name, the lower's path), and returns the errno to reply with. The span and the path
+    /// are made only when the line is logged, so a failure costs nothing more when its level
+    /// is filtered out, and a request that succeeds never pays for a span.
+    fn failed(&self, req: &Request, guard: &mut OpGuard<'_>, at: At<'_>, e: Error) -> Errno {
+        guard.fail();
+        let errno = errno(&e);
+        let warn = e.level() <= tracing::Level::WARN;
+        let enabled = if warn {
+            tracing::enabled!(tracing::Level::WARN)
+        } else {
+            tracing::enabled!(tracing::Level::DEBUG)
+        };
+        if !enabled {
+            return errno;
+        }
+        let op = guard.op().name();
+        let mut e = e.at(op, at.nodeid);
+        if let Some(fh) = at.fh {
+            e = e.fh(fh);
+        }
+        if let Some(name) = at.name {
+            e = e.name(name);
+        }
+        if let Some(path) = self.core.path_of(at.nodeid) {
+            e = e.path(at.name.map_or_else(|| path.clone(), |n| path.join(n)));
+        }
+        let unique = req.unique().0;
+        let name = at.name.map(OsStr::to_string_lossy);
+        let name = name.as_deref();
+        if warn {
+            let span = tracing::warn_span!("request", unique, op, nodeid = at.nodeid, name);
+            let _entered = span.enter();
+            tracing::warn!(errno = ?e.errno(), error = %e, "request failed");
+        } else {
+            let span = tracing::debug_span!("request", unique, op, nodeid = at.nodeid, name);
+            let _entered = span.enter();
+            tracing::debug!(errno = ?e.errno(), error = %e, "request failed");
+        }
+        errno
+    }
+
     fn entry(&self, reply: ReplyEntry, e: &Entry) {
         reply.entry(&self.ttl, &attr(e.nodeid, &e.st), Generation(0));
     }
@@ -249,6 +323,37 @@ impl DrainFs {
         self.passthrough.then_some(Passthrough {
             register,
             only_if_shared: writable && self.mode == PassthroughMode::Reads,
+        })
+    }
+
+    /// What to reply to an OPEN or CREATE the core accepted: its fh, FOPEN flags and, for a
+    /// passthrough open, fuser's backing id.
+    ///
+    /// # Errors
+    /// `EIO` ([`Kind::Passthrough`]) when the backing id is not fuser's `BackingId`: the core
+    /// has listed the open as a passthrough open of its inode, and the kernel requires every
+    /// open of an inode with a backing file to be one (fs/fuse/iomode.c), so it must not be
+    /// served without passthrough. The open is released first (the kernel sends no RELEASE
+    /// for a failed open); a CREATE's caller also drops the entry's lookup reference.
+    fn open_reply(&self, nodeid: u64, flags: i32, o: Opened) -> Result<OpenReply, Error> {
+        let fopen = self.open_flags(flags, o.backing.is_some());
+        let backing = match o.backing.map(|b| b.downcast::<fuser::BackingId>()) {
+            None => None,
+            Some(Ok(id)) => Some(id),
+            Some(Err(_)) => {
+                let released = self.core.release(nodeid, o.fh);
+                return Err(
+                    Error::from(Kind::Passthrough).with_source(std::io::Error::other(format!(
+                        "the backing id is not fuser's BackingId; the open is released ({})",
+                        released.map_or_else(|e| e.to_string(), |()| "ok".to_string())
+                    ))),
+                );
+            }
+        };
+        Ok(OpenReply {
+            fh: FileHandle(o.fh),
+            flags: fopen,
+            backing,
         })
     }
 
@@ -286,7 +391,6 @@ impl Filesystem for DrainFs {
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_ASYNC_DIO;
@@ -341,11 +445,11 @@ impl Filesystem for DrainFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut g = self.core.acct.op(Op::Lookup);
         match self.core.lookup(parent.0, name) {
             Ok(e) => self.entry(reply, &e),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
@@ -357,11 +461,11 @@ impl Filesystem for DrainFs {
     // BATCH_FORGET: fuser 0.18 does not export `ForgetOne`, so the trait's default, which
     // calls `forget` for each node, is used.
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let mut g = self.core.acct.op(Op::Getattr);
         match self.core.getattr(ino.0, fh.map(|f| f.0)) {
             Ok(st) => reply.attr(&self.ttl, &attr(ino.0, &st)),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.map(|f| f.0)),
         }
     }
 
@@ -384,8 +488,10 @@ impl Filesystem for DrainFs {
         reply: ReplyAttr,
     ) {
         let mut g = self.core.acct.op(Op::Setattr);
-        let times =
-            (atime.is_some() || mtime.is_some()).then(|| [timespec(atime), timespec(mtime)]);
+        let times = (atime.is_some() || mtime.is_some()).then(|| Timestamps {
+            last_access: timespec(atime),
+            last_modification: timespec(mtime),
+        });
         // KILLPRIV_V2: a truncate by a caller without CAP_FSETID must clear suid/sgid; fuser
         // does not pass FATTR_KILL_SUIDGID through, so non-root callers stand for it.
         let kill = (size.is_some() && req.uid() != 0).then(|| caller(req));
@@ -394,15 +500,15 @@ impl Filesystem for DrainFs {
             .setattr(ino.0, fh.map(|f| f.0), mode, uid, gid, size, times, kill)
         {
             Ok(st) => reply.attr(&self.ttl, &attr(ino.0, &st)),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.map(|f| f.0)),
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let mut g = self.core.acct.op(Op::Readlink);
         match self.core.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
@@ -419,7 +525,7 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Mknod);
         match self.core.mknod(parent.0, name, mode, rdev, caller(req)) {
             Ok(e) => self.entry(reply, &e),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
@@ -435,23 +541,23 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Mkdir);
         match self.core.mkdir(parent.0, name, mode, caller(req)) {
             Ok(e) => self.entry(reply, &e),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut g = self.core.acct.op(Op::Unlink);
         match self.core.unlink(parent.0, name, false) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut g = self.core.acct.op(Op::Rmdir);
         match self.core.unlink(parent.0, name, true) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
@@ -466,13 +572,13 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Symlink);
         match self.core.symlink(parent.0, link_name, target, caller(req)) {
             Ok(e) => self.entry(reply, &e),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = link_name),
         }
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -486,13 +592,13 @@ impl Filesystem for DrainFs {
             .rename(parent.0, name, newparent.0, newname, flags.bits())
         {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
@@ -501,28 +607,27 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Link);
         match self.core.link(ino.0, newparent.0, newname) {
             Ok(e) => self.entry(reply, &e),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = newparent.0, name = newname),
         }
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut g = self.core.acct.op(Op::Open);
-        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
-            Ok(Arc::new(reply.open_backing(fd)?))
-        };
+        let register = |fd: BorrowedFd<'_>| backing(reply.open_backing(fd));
         let reg = self.passthrough_for(flags.0, &register);
-        match self.core.open(ino.0, flags.0, caller(req), reg) {
-            Ok(o) => {
-                let f = self.open_flags(flags.0, o.backing.is_some());
-                reply_open(reply, o.fh, f, o.backing)
-            }
-            Err(e) => fail!(g, reply, e),
+        let opened = self.core.open(ino.0, flags.0, caller(req), reg);
+        match opened.and_then(|o| self.open_reply(ino.0, flags.0, o)) {
+            Ok(OpenReply { fh, flags, backing }) => match backing.as_deref() {
+                Some(id) => reply.opened_passthrough(fh, flags, id),
+                None => reply.opened(fh, flags),
+            },
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -533,13 +638,13 @@ impl Filesystem for DrainFs {
     ) {
         let mut g = self.core.acct.op(Op::Read);
         READ_BUF.with_borrow_mut(|buf| {
-            let size = (size as usize).min(MAX_IO as usize * 4);
+            let size = (size as usize).min(MAX_READ);
             if buf.len() < size {
                 buf.resize(size, 0);
             }
             match self.core.read(ino.0, fh.0, offset, &mut buf[..size]) {
                 Ok(n) => reply.data(&buf[..n]),
-                Err(e) => fail!(g, reply, e),
+                Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
             }
         });
     }
@@ -562,13 +667,13 @@ impl Filesystem for DrainFs {
             .then(|| caller(req));
         match self.core.write(ino.0, fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
@@ -577,13 +682,13 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Flush);
         match self.core.flush(ino.0, fh.0) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -594,13 +699,13 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Release);
         match self.core.release(ino.0, fh.0) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
@@ -609,21 +714,21 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Fsync);
         match self.core.fsync(ino.0, fh.0, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let mut g = self.core.acct.op(Op::Opendir);
-        match self.core.opendir(ino.0, flags.0) {
+        match self.core.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -644,13 +749,13 @@ impl Filesystem for DrainFs {
             });
         match res {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -668,11 +773,27 @@ impl Filesystem for DrainFs {
                     // number counts: the directory's own nodeid for `.`, and for `..` the
                     // parent's, as READDIR reports it (the root's `..` is the root itself).
                     let mut a = *dir_attr.get_or_insert_with(|| {
-                        let st = self.core.getattr(ino.0, Some(fh.0)).unwrap_or_else(|_| {
-                            // SAFETY: an all-zero `struct stat` is a valid value.
-                            unsafe { std::mem::zeroed() }
-                        });
-                        attr(ino.0, &st)
+                        match self.core.getattr(ino.0, Some(fh.0)) {
+                            Ok(st) => attr(ino.0, &st),
+                            // Only the inode number and type of a dot entry are used.
+                            Err(_) => FileAttr {
+                                ino,
+                                size: 0,
+                                blocks: 0,
+                                atime: UNIX_EPOCH,
+                                mtime: UNIX_EPOCH,
+                                ctime: UNIX_EPOCH,
+                                crtime: UNIX_EPOCH,
+                                kind: FileType::Directory,
+                                perm: 0,
+                                nlink: 0,
+                                uid: 0,
+                                gid: 0,
+                                rdev: 0,
+                                blksize: 0,
+                                flags: 0,
+                            },
+                        }
                     });
                     if name == b".." {
                         a.ino = if ino.0 == crate::fs::ROOT_ID {
@@ -711,13 +832,13 @@ impl Filesystem for DrainFs {
             });
         match res {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -726,13 +847,13 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Releasedir);
         match self.core.release(ino.0, fh.0) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
@@ -741,11 +862,11 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Fsyncdir);
         match self.core.fsync(ino.0, fh.0, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
-    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         // drainfs's own probes (`/livez` statfs's the mountpoint) are not workload activity.
         let mut g = if is_own_thread(req.pid()) {
             self.core.acct.own_op(Op::Statfs)
@@ -763,13 +884,13 @@ impl Filesystem for DrainFs {
                 s.f_namemax as u32,
                 s.f_frsize as u32,
             ),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -780,41 +901,41 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Setxattr);
         match self.core.setxattr(ino.0, name, value, flags) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, name = name),
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let mut g = self.core.acct.op(Op::Getxattr);
         match self.core.getxattr(ino.0, name, size) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, name = name),
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let mut g = self.core.acct.op(Op::Listxattr);
         match self.core.listxattr(ino.0, size) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut g = self.core.acct.op(Op::Removexattr);
         match self.core.removexattr(ino.0, name) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, name = name),
         }
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let mut g = self.core.acct.op(Op::Access);
         match self.core.access(ino.0, mask.bits()) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0),
         }
     }
 
@@ -829,34 +950,27 @@ impl Filesystem for DrainFs {
         reply: ReplyCreate,
     ) {
         let mut g = self.core.acct.op(Op::Create);
-        let register = |fd: BorrowedFd<'_>| -> std::io::Result<Backing> {
-            Ok(Arc::new(reply.open_backing(fd)?))
-        };
+        let register = |fd: BorrowedFd<'_>| backing(reply.open_backing(fd));
         let reg = self.passthrough_for(flags, &register);
-        match self
+        let created = self
             .core
             .create(parent.0, name, mode, flags, caller(req), reg)
-        {
-            Ok((e, o)) => {
+            .and_then(|(e, o)| {
+                self.open_reply(e.nodeid, flags, o)
+                    .inspect_err(|_| self.core.forget(e.nodeid, 1))
+                    .map(|r| (e, r))
+            });
+        match created {
+            Ok((e, OpenReply { fh, flags, backing })) => {
                 let a = attr(e.nodeid, &e.st);
-                let f = self.open_flags(flags, o.backing.is_some());
-                match o
-                    .backing
-                    .as_ref()
-                    .and_then(|b| b.downcast_ref::<fuser::BackingId>())
-                {
-                    Some(b) => reply.created_passthrough(
-                        &self.ttl,
-                        &a,
-                        Generation(0),
-                        FileHandle(o.fh),
-                        f,
-                        b,
-                    ),
-                    None => reply.created(&self.ttl, &a, Generation(0), FileHandle(o.fh), f),
+                match backing.as_deref() {
+                    Some(id) => {
+                        reply.created_passthrough(&self.ttl, &a, Generation(0), fh, flags, id)
+                    }
+                    None => reply.created(&self.ttl, &a, Generation(0), fh, flags),
                 }
             }
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }
 
@@ -876,13 +990,13 @@ impl Filesystem for DrainFs {
         let kill = (req.uid() != 0).then(|| caller(req));
         match self.core.fallocate(ino.0, fh.0, offset, length, mode, kill) {
             Ok(()) => reply.ok(),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
     fn lseek(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: i64,
@@ -892,7 +1006,7 @@ impl Filesystem for DrainFs {
         let mut g = self.core.acct.op(Op::Lseek);
         match self.core.lseek(ino.0, fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino.0, fh = fh.0),
         }
     }
 
@@ -922,18 +1036,8 @@ impl Filesystem for DrainFs {
             (req.uid() != 0).then(|| caller(req)),
         ) {
             Ok(n) => reply.written(n as u32),
-            Err(e) => fail!(g, reply, e),
+            Err(e) => fail!(self, req, g, reply, e, ino = ino_in.0, fh = fh_in.0),
         }
-    }
-}
-
-fn reply_open(reply: ReplyOpen, fh: u64, flags: FopenFlags, backing: Option<Backing>) {
-    match backing
-        .as_ref()
-        .and_then(|b| b.downcast_ref::<fuser::BackingId>())
-    {
-        Some(b) => reply.opened_passthrough(FileHandle(fh), flags, b),
-        None => reply.opened(FileHandle(fh), flags),
     }
 }
 
@@ -980,5 +1084,60 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StaleReplyFilter {
         };
         event.record(&mut f);
         !(f.fuser_reply && f.enoent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::Accounting;
+    use crate::fs::{Admission, CoreConfig, ROOT_ID};
+
+    /// A backing id that is not fuser's fails the open with `EIO` and releases it in the
+    /// core, instead of replying without passthrough for an open the core counts as one.
+    #[test]
+    fn a_backing_id_of_another_type_fails_the_open_and_releases_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let acct = Accounting::new();
+        let core = Arc::new(
+            Fs::new(
+                dir.path(),
+                CoreConfig { max_lower_fds: 64 },
+                Arc::clone(&acct),
+                Admission::new(&acct),
+            )
+            .unwrap(),
+        );
+        let register = |_: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(7u32)) };
+        let reg = Some(Passthrough {
+            register: &register,
+            only_if_shared: false,
+        });
+        let (e, o) = core
+            .create(
+                ROOT_ID,
+                OsStr::new("f"),
+                0o644,
+                libc::O_RDWR,
+                Caller::ROOT,
+                reg,
+            )
+            .unwrap();
+        assert!(o.backing.is_some(), "the core took the passthrough path");
+        let fh = o.fh;
+        let fs = DrainFs::new(
+            Arc::clone(&core),
+            Duration::from_secs(1),
+            PassthroughMode::Auto,
+            Arc::default(),
+        );
+        let err = fs.open_reply(e.nodeid, libc::O_RDWR, o).err().unwrap();
+        assert_eq!(err.kind, Kind::Passthrough);
+        assert_eq!(err.raw_errno(), libc::EIO);
+        assert_eq!(core.open_paths(10).len(), 0, "the open was released");
+        assert_eq!(
+            core.release(e.nodeid, fh).unwrap_err().raw_errno(),
+            libc::EBADF
+        );
     }
 }

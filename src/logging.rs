@@ -1,15 +1,27 @@
 //! Logging setup: human-readable text, or JSON with one object per line using Cloud
-//! Logging's field names (`timestamp`, `severity`, `message`, then the event's fields), which
-//! GKE's log agent parses into structured entries.
+//! Logging's field names, which GKE's log agent parses into structured entries: `timestamp`
+//! (RFC 3339, UTC), `severity` (`DEBUG`, `INFO`, `WARNING`, `ERROR`), `message`, `target`,
+//! then the fields of the spans the event is in (outermost first; a failed request's
+//! `unique`, `op`, `nodeid`, `name`) and the event's own fields, all flat.
+//!
+//! The JSON is tracing-subscriber's and tracing-serde's: span fields are recorded by
+//! tracing-subscriber's [`JsonFields`], event fields serialized by tracing-serde. Only the
+//! envelope is drainfs's ([`CloudJson`]): tracing-subscriber's own JSON format names the level
+//! `level` with `WARN`, which Cloud Logging does not read as a severity, and the maintained
+//! Cloud Logging layer (tracing-stackdriver) renames every field to camelCase and nests span
+//! fields, which would change the documented field names.
 //!
 //! The level comes from `--log-level`, else `RUST_LOG`, else `info`.
 
 use std::fmt;
 
-use tracing::field::{Field, Visit};
+use serde::ser::{SerializeMap, Serializer};
+use serde_json::{Map, Value};
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_log::NormalizeEvent;
+use tracing_serde::fields::AsMap;
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::config::{LogConfig, LogFormat};
@@ -24,70 +36,54 @@ pub fn severity(level: &Level) -> &'static str {
     }
 }
 
-struct JsonVisitor(serde_json::Map<String, serde_json::Value>);
-
-impl Visit for JsonVisitor {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.insert(
-            field.name().to_string(),
-            serde_json::Value::String(format!("{value:?}")),
-        );
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(
-            field.name().to_string(),
-            serde_json::Value::String(value.to_string()),
-        );
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().to_string(), value.into());
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().to_string(), value.into());
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().to_string(), value.into());
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(field.name().to_string(), value.into());
-    }
-}
-
-/// The JSON line format.
+/// The JSON line format: Cloud Logging's envelope around tracing-subscriber's span fields
+/// and tracing-serde's event fields (see the module doc).
 pub struct CloudJson;
 
-impl<S, N> FormatEvent<S, N> for CloudJson
+impl<S> FormatEvent<S, JsonFields> for CloudJson
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
 {
     fn format_event(
         &self,
-        _ctx: &FmtContext<'_, S, N>,
+        ctx: &FmtContext<'_, S, JsonFields>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
-        let mut v = JsonVisitor(serde_json::Map::new());
-        event.record(&mut v);
-        let mut obj = serde_json::Map::new();
-        obj.insert(
-            "timestamp".into(),
-            humantime::format_rfc3339_micros(std::time::SystemTime::now())
-                .to_string()
-                .into(),
-        );
-        obj.insert("severity".into(), severity(meta.level()).into());
-        let message =
-            v.0.remove("message")
-                .unwrap_or_else(|| serde_json::Value::String(String::new()));
-        obj.insert("message".into(), message);
-        obj.insert("target".into(), meta.target().into());
-        for (k, val) in v.0 {
-            obj.insert(k, val);
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
+        let mut fields = Map::new();
+        for span in ctx.event_scope().into_iter().flat_map(|s| s.from_root()) {
+            let ext = span.extensions();
+            if let Some(f) = ext.get::<FormattedFields<JsonFields>>()
+                && let Ok(Value::Object(m)) = serde_json::from_str::<Value>(f)
+            {
+                fields.extend(m);
+            }
         }
-        let line = serde_json::to_string(&obj).map_err(|_| fmt::Error)?;
-        writeln!(writer, "{line}")
+        if let Ok(Value::Object(m)) = serde_json::to_value(event.field_map()) {
+            // `log.*` fields are the `log` crate's metadata, already in `target`.
+            fields.extend(m.into_iter().filter(|(k, _)| !k.starts_with("log.")));
+        }
+        let message = fields.remove("message").unwrap_or_else(|| "".into());
+        let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+        // Written key by key, so the envelope comes first in a fixed order.
+        let mut buf = Vec::new();
+        let mut ser = serde_json::Serializer::new(&mut buf);
+        let mut map = ser.serialize_map(None).map_err(|_| fmt::Error)?;
+        let e = |_| fmt::Error;
+        map.serialize_entry("timestamp", &timestamp.to_string())
+            .map_err(e)?;
+        map.serialize_entry("severity", severity(meta.level()))
+            .map_err(e)?;
+        map.serialize_entry("message", &message).map_err(e)?;
+        map.serialize_entry("target", meta.target()).map_err(e)?;
+        for (k, v) in &fields {
+            map.serialize_entry(k, v).map_err(e)?;
+        }
+        map.end().map_err(|_| fmt::Error)?;
+        let text = String::from_utf8(buf).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
     }
 }
 
@@ -116,6 +112,7 @@ pub fn init(cfg: &LogConfig) {
     let _ = match cfg.format {
         LogFormat::Text => builder.with_target(false).finish().with(stale).try_init(),
         LogFormat::Json => builder
+            .fmt_fields(JsonFields::new())
             .event_format(CloudJson)
             .finish()
             .with(stale)

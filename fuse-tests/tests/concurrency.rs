@@ -1,6 +1,6 @@
-//! Issue 2, items 3 and 8 under concurrency, in both passthrough modes: a 10,000-entry
-//! directory listed completely while other files in it come and go, and a FLUSH that takes
-//! seconds (a gcsfuse-like lower uploading at close) not stalling other processes.
+//! The passthrough under concurrency, in both passthrough modes: a 10,000-entry directory
+//! listed completely while other files in it come and go, and a FLUSH that takes seconds (a
+//! gcsfuse-like lower uploading at close) not stalling other processes.
 
 #[macro_use]
 mod common;

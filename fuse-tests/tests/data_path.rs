@@ -461,26 +461,17 @@ fn an_interrupted_close_logs_no_error(mode: &str) {
     );
 }
 
-/// The admin server's address, read from drainfs's log line.
-fn admin_base(m: &Mounted) -> String {
-    let mut addr = None;
-    assert!(eventually(Duration::from_secs(10), || {
-        addr = m.proc.stderr.lock().unwrap().iter().find_map(|l| {
-            let i = l.find("admin server listening")?;
-            let a = l[i..].split("addr=").nth(1)?.split_whitespace().next()?;
-            Some(a.trim_matches('"').to_string())
-        });
-        addr.is_some()
-    }));
-    format!("http://{}", addr.unwrap())
-}
-
 /// `/livez` statfs's through the mount; probing it all through the quiet period after a
 /// SIGTERM must not restart the quiet period.
 fn probes_do_not_restart_the_quiet_period(mode: &str) {
     let mut m = mount(
         mode,
-        &["--admin-addr", "127.0.0.1:0", "--quiet-period", "1s"],
+        &[
+            "--admin-addr",
+            &free_addr("127.0.0.1"),
+            "--quiet-period",
+            "1s",
+        ],
     );
     let base = admin_base(&m);
     let agent = ureq::Agent::new_with_defaults();

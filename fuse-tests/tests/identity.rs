@@ -1,4 +1,4 @@
-//! Issue 2, item 5: identity on a real mount, in both passthrough modes. Inodes are keyed by
+//! Identity on a real mount, in both passthrough modes. Inodes are keyed by
 //! the lower's `(st_dev, st_ino)` (hard links share one nodeid, renames keep it, even when
 //! made on the lower behind drainfs's back), unlinked-but-open files keep working after their
 //! O_PATH fd was evicted, and the fd budget holds 100,000 files within RLIMIT_NOFILE 20,000.

@@ -1,4 +1,4 @@
-//! End-to-end lifecycle tests (issue #3): the real `drainfs` binary supervising the
+//! End-to-end lifecycle tests: the real `drainfs` binary supervising the
 //! gcsfuse-like `bucketfs` backend, which publishes an object only on FLUSH/FSYNC after an
 //! upload delay and loses unflushed data when it goes away.
 
@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{summary_cause, wait_phase};
 use fuse_tests::bucket::{BucketEvent, read_events};
 use fuse_tests::harness::{
     BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, over_bucketfs, wait_until,
@@ -285,7 +288,14 @@ fn lower_killed_while_a_file_is_open_gives_eio_and_exit_69() {
 #[test]
 fn closed_door_refuses_new_opens_but_open_handles_finish() {
     for mode in ["always", "never"] {
-        let mut s = stack(&["--passthrough", mode], &["--upload-delay", "100ms"], true);
+        let ctl = tempfile::tempdir_in("/tmp").unwrap();
+        let sock = ctl.path().join("ctl.sock");
+        let sock_arg = sock.display().to_string();
+        let mut s = stack(
+            &["--passthrough", mode, "--control-socket", &sock_arg],
+            &["--upload-delay", "100ms"],
+            true,
+        );
         std::fs::write(s.m.path("existing.txt"), b"x").unwrap();
         let mut held = std::fs::OpenOptions::new()
             .write(true)
@@ -294,10 +304,7 @@ fn closed_door_refuses_new_opens_but_open_handles_finish() {
             .open(s.m.path("late.txt"))
             .unwrap();
         s.touch_exit_file();
-        assert!(wait_until(Duration::from_secs(10), || s
-            .m
-            .proc
-            .stderr_contains("door_closed")));
+        assert!(wait_phase(&sock, "door_closed", Duration::from_secs(10)));
         let e = std::fs::File::open(s.m.path("existing.txt")).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN), "mode {mode}: {e}");
         let e = std::fs::File::create(s.m.path("new.txt")).unwrap_err();
@@ -327,9 +334,8 @@ fn sigterm_before_the_lower_is_ready_exits_promptly() {
         no_wait: true,
         ..Default::default()
     });
-    assert!(wait_until(Duration::from_secs(10), || m
-        .proc
-        .stderr_contains("waiting for its mount")));
+    // The lower (`sleep`) runs: drainfs waits for its mount.
+    assert!(m.proc.child_pid() > 0);
     let t = Instant::now();
     m.proc.signal(Signal::SIGTERM);
     let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
@@ -351,12 +357,24 @@ fn lower_exiting_before_ready_reports_its_stderr() {
             "-c".into(),
             "echo 'bucket does-not-exist: 404' >&2; exit 3".into(),
         ],
+        args: vec!["--log-format".into(), "json".into()],
         no_wait: true,
-        ..Default::default()
     });
     let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
     assert_eq!(st.code(), Some(69));
-    assert!(m.proc.stderr_text().contains("bucket does-not-exist: 404"));
+    // The lower's own stderr is in the `stderr_tail` field of an ERROR line.
+    let lines = m.proc.stderr.lock().unwrap().clone();
+    assert!(
+        lines.iter().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {
+                v["severity"] == "ERROR"
+                    && v["stderr_tail"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("bucket does-not-exist: 404"))
+            })
+        }),
+        "{lines:#?}"
+    );
     assert!(!is_mounted(&m.mnt));
 }
 
@@ -365,8 +383,14 @@ fn exit_file_present_before_start_counts() {
     let elsewhere = tempfile::tempdir().unwrap();
     let exit = elsewhere.path().join("exit");
     std::fs::write(&exit, b"").unwrap();
+    let summary = elsewhere.path().join("summary.json");
     let mut m = Mounted::start(MountOpts {
-        args: vec!["--exit-file".into(), exit.display().to_string()],
+        args: vec![
+            "--exit-file".into(),
+            exit.display().to_string(),
+            "--summary-file".into(),
+            summary.display().to_string(),
+        ],
         no_wait: true,
         ..Default::default()
     });
@@ -375,15 +399,22 @@ fn exit_file_present_before_start_counts() {
         .wait_timeout(Duration::from_secs(10))
         .expect("exits on its own");
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
-    assert!(m.proc.stderr_contains("exit file already present"));
+    assert_eq!(summary_cause(&summary), "exit_file");
     assert!(!is_mounted(&m.mnt));
 }
 
 #[test]
 fn watched_process_exit_triggers_shutdown() {
     let mut workload = Command::new("sleep").arg("1").spawn().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let summary = elsewhere.path().join("summary.json");
     let mut m = Mounted::start(MountOpts {
-        args: vec!["--watch-pid".into(), workload.id().to_string()],
+        args: vec![
+            "--watch-pid".into(),
+            workload.id().to_string(),
+            "--summary-file".into(),
+            summary.display().to_string(),
+        ],
         ..Default::default()
     });
     std::fs::write(m.path("a"), b"a").unwrap();
@@ -393,7 +424,7 @@ fn watched_process_exit_triggers_shutdown() {
         .wait_timeout(Duration::from_secs(10))
         .expect("exits after the workload");
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
-    assert!(m.proc.stderr_contains("watched_pid_exited"));
+    assert_eq!(summary_cause(&summary), "watched_pid_exited");
     assert!(!is_mounted(&m.mnt));
 }
 
@@ -431,7 +462,20 @@ fn second_sigterm_stops_waiting() {
 
 #[test]
 fn native_sidecar_sigterm_closes_the_door_at_once() {
-    let mut s = stack(&["--native-sidecar", "--quiet-period", "30s"], &[], true);
+    let ctl = tempfile::tempdir_in("/tmp").unwrap();
+    let sock = ctl.path().join("ctl.sock");
+    let sock_arg = sock.display().to_string();
+    let mut s = stack(
+        &[
+            "--native-sidecar",
+            "--quiet-period",
+            "30s",
+            "--control-socket",
+            &sock_arg,
+        ],
+        &[],
+        true,
+    );
     let mut held = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -440,10 +484,7 @@ fn native_sidecar_sigterm_closes_the_door_at_once() {
         .open(s.m.path("h"))
         .unwrap();
     s.m.proc.signal(Signal::SIGTERM);
-    assert!(wait_until(Duration::from_secs(5), || s
-        .m
-        .proc
-        .stderr_contains("door_closed")));
+    assert!(wait_phase(&sock, "door_closed", Duration::from_secs(5)));
     assert_eq!(
         std::fs::File::open(s.m.path("h"))
             .unwrap_err()
@@ -500,7 +541,7 @@ fn scopeguard(path: &Path) -> impl Drop + use<> {
     G(path.to_path_buf())
 }
 
-/// Issue #3 item 7: no thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
+/// No thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
 /// blocked everywhere and taken with sigwait), so a thread blocked in a lower FLUSH is never
 /// interrupted (which would make the kernel send gcsfuse a FUSE INTERRUPT). Signals sent during
 /// a slow upload change nothing.

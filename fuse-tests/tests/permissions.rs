@@ -1,4 +1,4 @@
-//! Issue 2, item 6: users and permissions on a real mount, in both passthrough modes. The
+//! Users and permissions on a real mount, in both passthrough modes. The
 //! workloads run as non-root users: through `run_user` (shell commands) for ownership, and in a
 //! forked child switched to the user for exact errnos.
 
@@ -320,7 +320,8 @@ fn supplementary_groups_count_on_the_lower(mode: &str) {
         c("team/link"),
     );
     let target = std::ffi::CString::new("file").unwrap();
-    // SAFETY (all bodies): raw syscalls on paths prepared before the fork.
+    // SAFETY: raw syscalls on NUL-terminated paths prepared before the fork; each fd is
+    // closed once.
     let body = || unsafe {
         let fd = libc::open(file.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o640);
         if fd < 0 {

@@ -1,4 +1,4 @@
-//! drainfs over the real lowers of issue 4 (the real binary, real mounts, loopback servers):
+//! drainfs over real FUSE lowers of object stores (the real binary, real mounts, loopback servers):
 //!
 //! - `gcs`: `rclone mount` over fake-gcs-server, the gcsfuse stand-in (data streams during
 //!   write(), the object is finalized inside close());

@@ -14,14 +14,34 @@
 //!
 //! Admission ([`Admission`]) gates opens, creates and namespace changes once shutdown has
 //! closed the door (`ESHUTDOWN`), and turns everything into `EIO` once the lower is gone.
+//!
+//! Modules: [`sys`] (the syscalls), `inodes` (the inode store), `handles` (the handle table
+//! and each inode's open files).
+//!
+//! # Lock order
+//! A lock may be taken while holding only the locks listed before it; the leaves are held
+//! alone:
+//! 1. the inode store's map (`InodeStore::map`), held while recording a name in
+//!    2. an inode's names (`Inode::locs`), a leaf, or in
+//!    3. the READDIR reservations (`InodeStore::reserved`), a leaf;
+//! 4. an inode's open files (`Inode::open`), held across the backing-id registration and the
+//!    privilege-bit clearing of an open (both syscalls on that inode only), never while
+//!    holding another lock;
+//! 5. the leaves: the handle table (`HandleTable::map`), the O_PATH cache (`Fs::fd_cache`),
+//!    the root fd, the admitted list, the failed-flush list, a directory stream (held across
+//!    `getdents64`).
+//!
+//! Fds and inodes leave a lock as cloned `Arc`s; a syscall never runs under the store, table
+//! or cache locks.
 
+mod handles;
+mod inodes;
 pub mod sys;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,197 +50,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqC
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
 
-use crate::accounting::{Accounting, HandleGuard, HandleMode, LowerCall};
+use crate::accounting::{Accounting, HandleMode, LowerCall};
 use crate::error::{Error, Kind, Result};
+pub use handles::Backing;
+use handles::{DirStream, Handle, HandleKind, HandleTable};
+pub use inodes::ROOT_ID;
+use inodes::{Inode, InodeKey, InodeStore};
 pub use sys::Caller;
 use sys::Stat;
-
-/// How many READDIR-reserved nodeids are remembered (about 64 bytes each).
-const RESERVED_NODEIDS: usize = 65_536;
-
-/// The root's nodeid (FUSE_ROOT_ID).
-pub const ROOT_ID: u64 = 1;
-
-/// How many names (parent + name) an inode remembers for finding it again without an fd.
-const MAX_NAMES: usize = 4;
-
-/// A backing id registered with the kernel for passthrough (fuser's `BackingId`, type-erased
-/// so the core stays fuser-free). Dropping the last reference closes it.
-pub type Backing = Arc<dyn Any + Send + Sync>;
-
-/// The lower's identity of an inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct InodeKey {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-}
-
-impl InodeKey {
-    fn of(st: &Stat) -> Self {
-        InodeKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Location {
-    parent: Arc<Inode>,
-    name: CString,
-}
-
-#[derive(Default)]
-struct OpenState {
-    /// Open handles of this inode (files only).
-    opens: u32,
-    /// One lower fd of an open handle, for operations that arrive without a fh while the
-    /// file may be unlinked (fstat sends GETATTR without fh).
-    fds: Vec<(u64, Arc<OwnedFd>)>,
-    /// The backing id shared by every passthrough open of this inode (one per inode, as the
-    /// kernel requires), dropped with the last passthrough open.
-    backing: Option<Backing>,
-    passthrough_opens: u32,
-}
-
-/// An inode the kernel knows (lookup count > 0) or that an open handle still refers to.
-pub struct Inode {
-    /// FUSE nodeid; never reused.
-    pub nodeid: u64,
-    /// Lower identity.
-    pub key: InodeKey,
-    /// `st_mode & S_IFMT`.
-    pub fmt: u32,
-    lookups: AtomicU64,
-    /// Names the inode is known under (most recent first, at most [`MAX_NAMES`]): hard
-    /// links give it several, and a removed one must not make it unreachable.
-    locs: Mutex<Vec<Location>>,
-    open: Mutex<OpenState>,
-}
-
-impl std::fmt::Debug for Inode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inode")
-            .field("nodeid", &self.nodeid)
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-impl Inode {
-    /// Records `parent/name` as the most recent name of this inode.
-    fn set_location(&self, parent: &Arc<Inode>, name: &CStr) {
-        let mut locs = self.locs.lock();
-        if let Some(first) = locs.first()
-            && first.parent.nodeid == parent.nodeid
-            && first.name.as_c_str() == name
-        {
-            return;
-        }
-        locs.retain(|l| !(l.parent.nodeid == parent.nodeid && l.name.as_c_str() == name));
-        locs.insert(
-            0,
-            Location {
-                parent: Arc::clone(parent),
-                name: name.to_owned(),
-            },
-        );
-        locs.truncate(MAX_NAMES);
-    }
-
-    /// Forgets the name `parent/name` (renamed away).
-    fn remove_location(&self, parent: u64, name: &CStr) {
-        self.locs
-            .lock()
-            .retain(|l| !(l.parent.nodeid == parent && l.name.as_c_str() == name));
-    }
-
-    /// The remembered names, most recent first.
-    fn locations(&self) -> Vec<(Arc<Inode>, CString)> {
-        self.locs
-            .lock()
-            .iter()
-            .map(|l| (Arc::clone(&l.parent), l.name.clone()))
-            .collect()
-    }
-
-    fn open_fd(&self) -> Option<Arc<OwnedFd>> {
-        self.open.lock().fds.first().map(|(_, fd)| Arc::clone(fd))
-    }
-
-    /// The inode's path relative to the lower root, as last known (for logs and the shutdown
-    /// summary only; never used to reach the lower).
-    pub fn path(&self) -> PathBuf {
-        let mut parts: Vec<CString> = Vec::new();
-        let mut cur = self
-            .locs
-            .lock()
-            .first()
-            .map(|l| (Arc::clone(&l.parent), l.name.clone()));
-        let mut depth = 0;
-        while let Some((parent, name)) = cur {
-            parts.push(name);
-            depth += 1;
-            if depth > 4096 {
-                break;
-            }
-            cur = parent
-                .locs
-                .lock()
-                .first()
-                .map(|l| (Arc::clone(&l.parent), l.name.clone()));
-        }
-        let mut p = PathBuf::new();
-        for n in parts.iter().rev() {
-            p.push(OsStr::from_bytes(n.as_bytes()));
-        }
-        p
-    }
-}
-
-/// What kind of handle.
-pub enum HandleKind {
-    /// A regular file (or anything opened with OPEN).
-    File {
-        /// Opened for writing.
-        writable: bool,
-        /// Data goes through kernel passthrough (drainfs sees no READ/WRITE).
-        passthrough: bool,
-    },
-    /// A directory stream.
-    Dir(Mutex<DirStream>),
-}
-
-/// The state of a directory stream between READDIR calls.
-pub struct DirStream {
-    buf: Vec<u8>,
-    pos: usize,
-    len: usize,
-    /// The offset the next READDIR is expected at (the cookie of the last entry returned).
-    next_off: i64,
-}
-
-/// An open file or directory: the lower fd opened with the application's flags.
-pub struct Handle {
-    /// The inode it belongs to.
-    pub inode: Arc<Inode>,
-    /// The lower fd. Closing it (dropping the last reference) is the lower RELEASE.
-    pub fd: Arc<OwnedFd>,
-    /// File or directory.
-    pub kind: HandleKind,
-    /// `open(2)` flags as given by the application.
-    pub flags: i32,
-    guard: HandleGuard,
-}
-
-impl Handle {
-    /// Read-only, write or directory.
-    pub fn mode(&self) -> HandleMode {
-        self.guard.mode()
-    }
-}
 
 /// The shutdown gate shared with the lifecycle: the door (kept in the accounting's
 /// [`crate::gate::Gate`], beside the in-flight count) and whether the lower is gone.
@@ -316,19 +153,16 @@ pub struct CoreConfig {
 
 /// The passthrough filesystem core.
 pub struct Fs {
-    root: Arc<Inode>,
-    /// The lower root's fd; `None` once [`Fs::close_lower_fds`] ran.
+    /// The lower root's fd; `None` once [`Fs::close_lower_fds`] ran. A leaf lock.
     root_fd: RwLock<Option<Arc<OwnedFd>>>,
-    inodes: RwLock<Inodes>,
-    next_nodeid: AtomicU64,
-    handles: RwLock<HashMap<u64, Arc<Handle>>>,
-    next_fh: AtomicU64,
+    inodes: InodeStore,
+    handles: HandleTable,
+    /// O_PATH fds of inodes, by nodeid, bounded by `max_lower_fds`. A leaf lock.
     fd_cache: Mutex<lru::LruCache<u64, Arc<OwnedFd>>>,
+    /// Paths whose lower flush failed (at most 64). A leaf lock.
     failed_flushes: Mutex<Vec<String>>,
-    /// Nodeids handed out as READDIR `d_ino` before any LOOKUP (see [`Fs::dirent_nodeid`]).
-    reserved: Mutex<lru::LruCache<InodeKey, u64>>,
     /// Admitted opens and creates in flight: token -> (nodeid, name under it), for naming
-    /// them in the summary of a forced teardown.
+    /// them in the summary of a forced teardown. A leaf lock.
     admitted: Mutex<HashMap<u64, (u64, Option<OsString>)>>,
     next_admitted: AtomicU64,
     /// Counters shared with the lifecycle and metrics.
@@ -343,12 +177,6 @@ impl std::fmt::Debug for Fs {
             .field("inodes", &self.inode_count())
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Default)]
-struct Inodes {
-    by_id: HashMap<u64, Arc<Inode>>,
-    by_key: HashMap<InodeKey, u64>,
 }
 
 /// An answer carrying an inode and its attributes (LOOKUP, MKDIR, CREATE...).
@@ -420,38 +248,15 @@ impl Fs {
     ) -> Result<Self> {
         let path =
             CString::new(lower.as_os_str().as_bytes()).map_err(|_| Error::from(Kind::BadName))?;
-        let root_fd = sys::openat(
-            // SAFETY-free: AT_FDCWD is a valid dirfd for an absolute or relative path.
-            unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
-            &path,
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )?;
+        let root_fd = sys::open_path(&path, libc::O_PATH | libc::O_DIRECTORY)?;
         let st = sys::fstat(root_fd.as_fd())?;
-        let root = Arc::new(Inode {
-            nodeid: ROOT_ID,
-            key: InodeKey::of(&st),
-            fmt: st.st_mode & libc::S_IFMT,
-            lookups: AtomicU64::new(1),
-            locs: Mutex::new(Vec::new()),
-            open: Mutex::new(OpenState::default()),
-        });
-        let mut inodes = Inodes::default();
-        inodes.by_id.insert(ROOT_ID, Arc::clone(&root));
-        inodes.by_key.insert(root.key, ROOT_ID);
         let cap = NonZeroUsize::new(cfg.max_lower_fds.max(16)).expect("max(16) is non-zero");
         Ok(Fs {
-            root,
             root_fd: RwLock::new(Some(Arc::new(root_fd))),
-            inodes: RwLock::new(inodes),
-            next_nodeid: AtomicU64::new(ROOT_ID + 1),
-            handles: RwLock::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            inodes: InodeStore::new(Inode::root(&st)),
+            handles: HandleTable::new(),
             fd_cache: Mutex::new(lru::LruCache::new(cap)),
             failed_flushes: Mutex::new(Vec::new()),
-            reserved: Mutex::new(lru::LruCache::new(
-                NonZeroUsize::new(RESERVED_NODEIDS).expect("non-zero"),
-            )),
             admitted: Mutex::new(HashMap::new()),
             next_admitted: AtomicU64::new(0),
             acct,
@@ -497,7 +302,13 @@ impl Fs {
 
     /// Number of inodes known (including the root).
     pub fn inode_count(&self) -> usize {
-        self.inodes.read().by_id.len()
+        self.inodes.len()
+    }
+
+    /// The lower path of `nodeid` relative to the lower root, as last known (for logs only),
+    /// or `None` for a nodeid the kernel no longer holds.
+    pub fn path_of(&self, nodeid: u64) -> Option<PathBuf> {
+        self.inodes.get(nodeid).map(|i| i.path())
     }
 
     /// Number of O_PATH fds cached.
@@ -516,31 +327,25 @@ impl Fs {
             .ok_or_else(|| Kind::Closed.into())
     }
 
-    /// Puts a new handle in the table, unless the lower fds are closed (then the handle and
-    /// its fd are dropped here and the open fails with `EIO`).
+    /// Puts a new handle in the table, unless the lower fds are closed (then the handle is
+    /// unlisted from its inode and dropped here, closing its fd, and the open fails with
+    /// `EIO`).
     fn insert_handle(&self, fh: u64, handle: Handle) -> Result<()> {
-        let mut handles = self.handles.write();
         // Checked under the table's lock, which `close_lower_fds` takes after setting it.
-        if self.admission.fds_closed() {
-            drop(handles);
-            let mut st = handle.inode.open.lock();
-            st.opens = st.opens.saturating_sub(1);
-            st.fds.retain(|(f, _)| *f != fh);
+        let refused = self
+            .handles
+            .insert_unless(fh, handle, || self.admission.fds_closed());
+        if let Err(handle) = refused {
+            let backing = handle.inode.open.lock().remove(fh);
+            drop(backing);
             return Err(Kind::Closed.into());
         }
-        handles.insert(fh, Arc::new(handle));
         Ok(())
     }
 
     fn inode(&self, nodeid: u64) -> Result<Arc<Inode>> {
-        if nodeid == ROOT_ID {
-            return Ok(Arc::clone(&self.root));
-        }
         self.inodes
-            .read()
-            .by_id
-            .get(&nodeid)
-            .cloned()
+            .get(nodeid)
             .ok_or_else(|| Kind::UnknownInode.into())
     }
 
@@ -548,20 +353,13 @@ impl Fs {
     ///
     /// # Errors
     /// `EBADF` for an unknown fh or one of another inode; `EIO` once the lower fds are closed.
-    pub fn handle(&self, nodeid: u64, fh: u64) -> Result<Arc<Handle>> {
+    fn handle(&self, nodeid: u64, fh: u64) -> Result<Arc<Handle>> {
         if self.admission.fds_closed() {
             return Err(Kind::Closed.into());
         }
-        let h = self
-            .handles
-            .read()
-            .get(&fh)
-            .cloned()
-            .ok_or(Error::from(Kind::UnknownHandle))?;
-        if h.inode.nodeid != nodeid {
-            return Err(Kind::UnknownHandle.into());
-        }
-        Ok(h)
+        self.handles
+            .get(nodeid, fh)
+            .ok_or_else(|| Kind::UnknownHandle.into())
     }
 
     /// Maps an error from the lower: a dead lower connection marks the lower gone and becomes
@@ -575,16 +373,20 @@ impl Fs {
         err
     }
 
+    /// The inode's O_PATH fd from the cache, else an open file's fd (the two locks are taken
+    /// one after the other, never nested).
+    fn cached_fd(&self, inode: &Inode) -> Option<Arc<OwnedFd>> {
+        let cached = self.fd_cache.lock().get(&inode.nodeid).cloned();
+        cached.or_else(|| inode.open_fd())
+    }
+
     /// An fd usable as a directory fd / O_PATH fd for `inode`: the root, a cached fd, an open
     /// handle's fd, or a fresh O_PATH open through the inode's location (verified, then cached).
     fn inode_fd(&self, inode: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
         if inode.nodeid == ROOT_ID {
             return self.root_fd();
         }
-        if let Some(fd) = self.fd_cache.lock().get(&inode.nodeid) {
-            return Ok(Arc::clone(fd));
-        }
-        if let Some(fd) = inode.open_fd() {
+        if let Some(fd) = self.cached_fd(inode) {
             return Ok(fd);
         }
         let fd = self.by_name(inode, |parent, name| {
@@ -643,11 +445,7 @@ impl Fs {
         let cached = if inode.nodeid == ROOT_ID {
             Some(self.root_fd()?)
         } else {
-            self.fd_cache
-                .lock()
-                .get(&inode.nodeid)
-                .cloned()
-                .or_else(|| inode.open_fd())
+            self.cached_fd(inode)
         };
         if let Some(fd) = cached {
             return sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e));
@@ -664,55 +462,10 @@ impl Fs {
 
     /// Finds or creates the inode for `st` at `parent/name` and takes one lookup reference.
     fn remember(&self, parent: &Arc<Inode>, name: &CStr, st: &Stat) -> Entry {
-        let key = InodeKey::of(st);
-        {
-            let map = self.inodes.read();
-            if let Some(id) = map.by_key.get(&key) {
-                let inode = &map.by_id[id];
-                inode.lookups.fetch_add(1, SeqCst);
-                if inode.nodeid != ROOT_ID {
-                    inode.set_location(parent, name);
-                }
-                return Entry {
-                    nodeid: *id,
-                    st: *st,
-                };
-            }
+        Entry {
+            nodeid: self.inodes.remember(parent, name, st),
+            st: *st,
         }
-        #[cfg(test)]
-        tests::hook(tests::Point::BeforeWriteGuard);
-        let mut map = self.inodes.write();
-        if let Some(id) = map.by_key.get(&key).copied() {
-            let inode = Arc::clone(&map.by_id[&id]);
-            // Counted while the write guard is held: a FORGET (which takes the write guard)
-            // either ran before and removed nothing we hold, or runs after and sees this
-            // reference (fuse-backend-rs `do_lookup`).
-            inode.lookups.fetch_add(1, SeqCst);
-            drop(map);
-            #[cfg(test)]
-            tests::hook(tests::Point::AfterCountedUnderWriteGuard);
-            inode.set_location(parent, name);
-            return Entry {
-                nodeid: id,
-                st: *st,
-            };
-        }
-        let reserved = self.reserved.lock().pop(&key);
-        let nodeid = reserved.unwrap_or_else(|| self.next_nodeid.fetch_add(1, Relaxed));
-        let inode = Arc::new(Inode {
-            nodeid,
-            key,
-            fmt: st.st_mode & libc::S_IFMT,
-            lookups: AtomicU64::new(1),
-            locs: Mutex::new(vec![Location {
-                parent: Arc::clone(parent),
-                name: name.to_owned(),
-            }]),
-            open: Mutex::new(OpenState::default()),
-        });
-        map.by_id.insert(nodeid, inode);
-        map.by_key.insert(key, nodeid);
-        Entry { nodeid, st: *st }
     }
 
     /// Clears the bits [`privs_to_kill`] names for `caller` on the file behind `fd` (any fd,
@@ -742,25 +495,9 @@ impl Fs {
     /// FORGET / BATCH_FORGET: drops `nlookup` references; the inode is removed at zero
     /// (saturating: a count never goes below zero).
     pub fn forget(&self, nodeid: u64, nlookup: u64) {
-        if nodeid == ROOT_ID {
-            return;
-        }
-        let mut map = self.inodes.write();
-        let Some(inode) = map.by_id.get(&nodeid) else {
-            return;
-        };
-        let prev = inode.lookups.load(SeqCst);
-        let now = prev.saturating_sub(nlookup);
-        inode.lookups.store(now, SeqCst);
-        if now == 0 {
-            let key = inode.key;
-            map.by_id.remove(&nodeid);
-            if map.by_key.get(&key) == Some(&nodeid) {
-                map.by_key.remove(&key);
-            }
-            drop(map);
+        if self.inodes.forget(nodeid, nlookup) {
             let evicted = self.fd_cache.lock().pop(&nodeid);
-            drop(evicted);
+            drop(evicted); // closes outside the lock
         }
     }
 
@@ -779,10 +516,10 @@ impl Fs {
         self.stat_inode(&inode)
     }
 
-    /// SETATTR. `mode`, `uid`/`gid`, `size`, `atime`/`mtime` (`None` = leave, timespec with
-    /// `UTIME_NOW`/`UTIME_OMIT` semantics as in utimensat(2)). `kill_suidgid` clears set-user-ID
-    /// and set-group-ID bits on a size change (FUSE_HANDLE_KILLPRIV_V2 semantics for callers
-    /// without CAP_FSETID).
+    /// SETATTR. `mode`, `uid`/`gid`, `size`, `times` (`None` = leave; a timespec of
+    /// `UTIME_NOW`/`UTIME_OMIT` as in utimensat(2)). With `kill_privs` (a caller without
+    /// CAP_FSETID), a size change clears the set-user-ID/set-group-ID bits [`privs_to_kill`]
+    /// names (FUSE_HANDLE_KILLPRIV_V2 semantics).
     ///
     /// # Errors
     /// The lower's errno of the first failing change.
@@ -795,7 +532,7 @@ impl Fs {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        times: Option<[libc::timespec; 2]>,
+        times: Option<sys::Timestamps>,
         kill_privs: Option<Caller>,
     ) -> Result<Stat> {
         self.admission.check_alive()?;
@@ -809,14 +546,13 @@ impl Fs {
         let le = |e| self.lower_err(e);
         if let Some(mode) = mode {
             if handle.is_some() {
-                nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(mode))
-                    .map_err(le)?;
+                sys::fchmod(fd, mode).map_err(le)?;
             } else {
                 sys::chmod_fd(fd, mode).map_err(le)?;
             }
         }
         if uid.is_some() || gid.is_some() {
-            sys::chown_fd(fd, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX)).map_err(le)?;
+            sys::chown_fd(fd, uid, gid).map_err(le)?;
         }
         if let Some(size) = size {
             match &handle {
@@ -829,20 +565,9 @@ impl Fs {
                 self.kill_privs(fd, caller)?;
             }
         }
-        if let Some(times) = times {
-            if inode.fmt == libc::S_IFLNK && handle.is_none() {
-                sys::utimensat(fd, c"", &times, libc::AT_EMPTY_PATH).map_err(le)?;
-            } else {
-                let path = sys::proc_fd_path(fd.as_raw_fd());
-                // SAFETY: AT_FDCWD with an absolute path.
-                sys::utimensat(
-                    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
-                    &path,
-                    &times,
-                    0,
-                )
-                .map_err(le)?;
-            }
+        if let Some(times) = &times {
+            let symlink = inode.fmt == libc::S_IFLNK && handle.is_none();
+            sys::utimens_fd(fd, times, symlink).map_err(le)?;
         }
         sys::fstat(fd).map_err(le)
     }
@@ -880,7 +605,7 @@ impl Fs {
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::mknodat(pfd.as_fd(), &name, mode, u64::from(rdev))
                 .map_err(|e| self.lower_err(e))?;
         }
@@ -897,7 +622,7 @@ impl Fs {
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::mkdirat(pfd.as_fd(), &name, mode).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -920,7 +645,7 @@ impl Fs {
         let target = cname(target.as_os_str())?;
         let pfd = self.inode_fd(&parent)?;
         {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::symlinkat(&target, pfd.as_fd(), &name).map_err(|e| self.lower_err(e))?;
         }
         self.new_entry(&parent, &pfd, &name)
@@ -935,17 +660,12 @@ impl Fs {
         let parent = self.inode(parent)?;
         let name = cname(name)?;
         let pfd = self.inode_fd(&parent)?;
-        let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
-        sys::unlinkat(pfd.as_fd(), &name, flags).map_err(|e| self.lower_err(e))
+        sys::unlinkat(pfd.as_fd(), &name, rmdir).map_err(|e| self.lower_err(e))
     }
 
     fn known_at(&self, dir: &OwnedFd, name: &CStr) -> Option<Arc<Inode>> {
         let st = sys::fstatat(dir.as_fd(), name).ok()?;
-        let map = self.inodes.read();
-        map.by_key
-            .get(&InodeKey::of(&st))
-            .and_then(|id| map.by_id.get(id))
-            .cloned()
+        self.inodes.by_key(InodeKey::of(&st))
     }
 
     /// RENAME with renameat2 flags (RENAME_NOREPLACE, RENAME_EXCHANGE); the moved inodes keep
@@ -1047,53 +767,43 @@ impl Fs {
     ) -> Result<Opened> {
         let fd = Arc::new(fd);
         let writable = Self::mode_of(flags) == HandleMode::Write;
-        let fh = self.next_fh.fetch_add(1, Relaxed);
+        let fh = self.handles.next_fh();
         let mut backing = None;
         {
-            let mut st = inode.open.lock();
-            let cached_mode = st.opens > 0 && st.passthrough_opens == 0;
-            let suid_writer_alone = unprivileged_suid_writer.is_some() && st.passthrough_opens == 0;
+            let mut files = inode.open.lock();
+            let cached_mode = files.opens() > 0 && files.passthrough_opens() == 0;
+            let suid_writer_alone =
+                unprivileged_suid_writer.is_some() && files.passthrough_opens() == 0;
             let register = register
                 .filter(|_| !cached_mode && !suid_writer_alone)
-                .filter(|p| !p.only_if_shared || st.backing.is_some())
+                .filter(|p| !p.only_if_shared || files.backing().is_some())
                 .map(|p| p.register);
             if let Some(register) = register {
                 if let Some(caller) = &unprivileged_suid_writer {
                     self.kill_privs(fd.as_fd(), caller)?;
                 }
-                if let Some(b) = &st.backing {
-                    backing = Some(Arc::clone(b));
-                } else {
-                    match register(fd.as_fd()) {
-                        Ok(b) => {
-                            st.backing = Some(Arc::clone(&b));
-                            backing = Some(b);
-                        }
-                        Err(e) if st.passthrough_opens == 0 && st.opens == 0 => {
+                backing = match files.backing() {
+                    Some(b) => Some(Arc::clone(b)),
+                    None => match register(fd.as_fd()) {
+                        Ok(b) => Some(b),
+                        Err(e) if files.opens() == 0 => {
                             tracing::debug!(nodeid = inode.nodeid, error = %e, "backing open failed; serving this open without passthrough");
+                            None
                         }
-                        Err(e) => {
-                            tracing::warn!(nodeid = inode.nodeid, error = %e, "backing open failed while the inode has other opens");
-                            return Err(Kind::Passthrough.into());
-                        }
-                    }
-                }
-                if backing.is_some() {
-                    st.passthrough_opens += 1;
-                }
+                        // A registration happens only for an inode without opens (the
+                        // filters above); should that change, an open must not be served
+                        // differently from the inode's others: fail it.
+                        Err(e) => return Err(Error::from(Kind::Passthrough).with_source(e)),
+                    },
+                };
             }
-            st.opens += 1;
-            st.fds.push((fh, Arc::clone(&fd)));
+            files.add(fh, Arc::clone(&fd), backing.clone());
         }
         let guard = self.acct.handle(Self::mode_of(flags));
         let handle = Handle {
             inode,
             fd,
-            kind: HandleKind::File {
-                writable,
-                passthrough: backing.is_some(),
-            },
-            flags,
+            kind: HandleKind::File { writable },
             guard,
         };
         self.insert_handle(fh, handle)?;
@@ -1142,13 +852,7 @@ impl Fs {
     }
 
     fn open_inode(&self, inode: &Arc<Inode>, lflags: i32) -> Result<OwnedFd> {
-        let cached = self
-            .fd_cache
-            .lock()
-            .get(&inode.nodeid)
-            .cloned()
-            .or_else(|| inode.open_fd());
-        if let Some(fd) = cached {
+        if let Some(fd) = self.cached_fd(inode) {
             return sys::reopen(fd.as_fd(), lflags & !libc::O_NOFOLLOW)
                 .map_err(|e| self.lower_err(e));
         }
@@ -1185,7 +889,7 @@ impl Fs {
             | libc::O_CREAT
             | libc::O_NOFOLLOW;
         let fd = {
-            let _creds = sys::CallerCreds::switch(caller);
+            let _creds = sys::CallerCreds::switch(caller).map_err(Kind::Credentials)?;
             sys::openat(pfd.as_fd(), &name, lflags, mode).map_err(|e| self.lower_err(e))?
         };
         let st = sys::fstat(fd.as_fd()).map_err(|e| self.lower_err(e))?;
@@ -1214,7 +918,7 @@ impl Fs {
         Ok(n)
     }
 
-    /// WRITE (drainfs's own data path). `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID) clears
+    /// WRITE (drainfs's own data path). `kill_privs` (FUSE_WRITE_KILL_SUIDGID) clears
     /// set-user-ID/set-group-ID bits first, as the kernel expects with KILLPRIV_V2.
     ///
     /// # Errors
@@ -1246,39 +950,22 @@ impl Fs {
         let h = self.handle(nodeid, fh)?;
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
-            self.record_failed_flush(&h.inode, e, "flush");
+            // Logged by the adapter with the request's context, as every failed request is.
+            self.record_failed_flush(&h.inode, e);
             self.lower_err(e)
         })
     }
 
-    /// Counts a failed lower flush (metric, log line with the path, the summary's list).
-    fn record_failed_flush(&self, inode: &Inode, e: Errno, when: &'static str) {
+    /// Counts a failed lower flush (metric, the summary's list); returns the inode's path.
+    fn record_failed_flush(&self, inode: &Inode, e: Errno) -> PathBuf {
         self.acct.lower_flush_errors.fetch_add(1, Relaxed);
         let path = inode.path();
-        tracing::warn!(path = %path.display(), error = %e, when, "the lower's flush failed");
         let mut f = self.failed_flushes.lock();
         if f.len() < 64 {
             f.push(format!("{}: {e}", path.display()));
         }
-    }
-
-    /// Closes the lower fd of a handle that is no longer in the table and returns the
-    /// lower's answer: an explicit `close` when this was the last reference to the fd, else
-    /// `close(dup(fd))` (a request still holding the handle closes the fd when it finishes).
-    /// The handle's accounting guard is dropped after the close, so the handle counts as open
-    /// until the lower has answered.
-    fn close_handle(h: Arc<Handle>) -> std::result::Result<(), Errno> {
-        match Arc::try_unwrap(h) {
-            Ok(Handle { fd, guard, .. }) => {
-                let r = match Arc::try_unwrap(fd) {
-                    Ok(fd) => sys::close(fd),
-                    Err(fd) => sys::flush(fd.as_fd()),
-                };
-                drop(guard);
-                r
-            }
-            Err(h) => sys::flush(h.fd.as_fd()),
-        }
+        drop(f);
+        path
     }
 
     /// Paths whose FLUSH failed (capped at 64), for the shutdown summary.
@@ -1310,39 +997,24 @@ impl Fs {
         if self.admission.fds_closed() {
             return Err(Kind::Closed.into());
         }
-        let h = {
-            let mut handles = self.handles.write();
-            match handles.get(&fh) {
-                Some(h) if h.inode.nodeid == nodeid => handles.remove(&fh),
-                _ => None,
-            }
-        }
-        .ok_or(Error::from(Kind::UnknownHandle))?;
-        let backing_to_drop = {
-            let mut st = h.inode.open.lock();
-            st.opens = st.opens.saturating_sub(1);
-            st.fds.retain(|(f, _)| *f != fh);
-            if let HandleKind::File {
-                passthrough: true, ..
-            } = h.kind
-            {
-                st.passthrough_opens = st.passthrough_opens.saturating_sub(1);
-                if st.passthrough_opens == 0 {
-                    st.backing.take()
-                } else {
-                    None
-                }
-            } else {
-                None
-            }
+        let h = self
+            .handles
+            .remove(nodeid, fh)
+            .ok_or(Error::from(Kind::UnknownHandle))?;
+        let backing_to_drop = match h.kind {
+            HandleKind::File { .. } => h.inode.open.lock().remove(fh),
+            HandleKind::Dir(_) => None,
         };
         drop(backing_to_drop);
         let _call = self.acct.lower_call(LowerCall::Release);
-        let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+        let writable = h.writable();
         let inode = Arc::clone(&h.inode);
-        if let Err(e) = Self::close_handle(h) {
+        if let Err(e) = h.close() {
             if writable {
-                self.record_failed_flush(&inode, e, "release");
+                // RELEASE answers the kernel `Ok` (it ignores errors), so this is the one log
+                // line of the failure.
+                let path = self.record_failed_flush(&inode, e);
+                tracing::warn!(nodeid, fh, path = %path.display(), error = %e, "the lower's close at RELEASE failed: a failed flush");
             } else {
                 tracing::debug!(path = %inode.path().display(), error = %e, "the lower's close of a read-only handle failed");
             }
@@ -1357,23 +1029,17 @@ impl Fs {
     ///
     /// # Errors
     /// The lower's errno (`ENOTDIR`...).
-    pub fn opendir(&self, nodeid: u64, flags: i32) -> Result<u64> {
+    pub fn opendir(&self, nodeid: u64) -> Result<u64> {
         self.admission.check_alive()?;
         let inode = self.inode(nodeid)?;
         let pfd = self.inode_fd(&inode)?;
         let fd = sys::openat(pfd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map_err(|e| self.lower_err(e))?;
-        let fh = self.next_fh.fetch_add(1, Relaxed);
+        let fh = self.handles.next_fh();
         let handle = Handle {
             inode,
             fd: Arc::new(fd),
-            kind: HandleKind::Dir(Mutex::new(DirStream {
-                buf: vec![0; 32 * 1024],
-                pos: 0,
-                len: 0,
-                next_off: 0,
-            })),
-            flags,
+            kind: HandleKind::Dir(Mutex::new(DirStream::new())),
             guard: self.acct.handle(HandleMode::Dir),
         };
         self.insert_handle(fh, handle)?;
@@ -1440,35 +1106,26 @@ impl Fs {
         Ok(self.remember(&h.inode, &name, &st))
     }
 
-    /// The nodeid a READDIR entry should carry as `d_ino`, so that it equals the `st_ino` a
-    /// later stat reports: the inode's nodeid if known, else a nodeid reserved now (in a
-    /// bounded map; LOOKUP takes the reservation). Reporting the lower's own inode number
-    /// instead would disagree with `st_ino` and could collide with another file's nodeid
-    /// (gcsfuse's inode numbers are a counter, as nodeids are).
+    /// The nodeid a READDIR entry for lower inode `ino` on device `dev` should carry as
+    /// `d_ino`, so that it equals the `st_ino` a later stat reports: the inode's nodeid if
+    /// known, else a nodeid reserved now (in a bounded map; LOOKUP takes the reservation).
+    /// Reporting the lower's own inode number instead would disagree with `st_ino` and could
+    /// collide with another file's nodeid (gcsfuse's inode numbers are a counter, as nodeids
+    /// are).
     pub fn dirent_nodeid(&self, dev: u64, ino: u64) -> u64 {
-        let key = InodeKey { dev, ino };
-        if let Some(id) = self.inodes.read().by_key.get(&key) {
-            return *id;
-        }
-        let mut reserved = self.reserved.lock();
-        if let Some(id) = reserved.get(&key) {
-            return *id;
-        }
-        let id = self.next_nodeid.fetch_add(1, Relaxed);
-        reserved.push(key, id);
-        id
+        self.inodes.dirent_nodeid(InodeKey { dev, ino })
     }
 
     /// The lower's `st_dev` of the root (directory entries are on it unless they are mounts).
     pub fn root_dev(&self) -> u64 {
-        self.root.key.dev
+        self.inodes.root().key.dev
     }
 
     /// STATFS of the lower.
     ///
     /// # Errors
     /// The lower's errno.
-    pub fn statfs(&self) -> Result<libc::statvfs> {
+    pub fn statfs(&self) -> Result<sys::StatVfs> {
         self.admission.check_alive()?;
         sys::fstatvfs(self.root_fd()?.as_fd()).map_err(|e| self.lower_err(e))
     }
@@ -1482,12 +1139,7 @@ impl Fs {
         self.admission.check_alive()?;
         let inode = self.inode(nodeid)?;
         let fd = self.inode_fd(&inode)?;
-        let path = sys::proc_fd_path(fd.as_raw_fd());
-        nix::unistd::access(
-            path.as_c_str(),
-            nix::unistd::AccessFlags::from_bits_truncate(mask),
-        )
-        .map_err(|e| self.lower_err(e))
+        sys::access_fd(fd.as_fd(), mask).map_err(|e| self.lower_err(e))
     }
 
     fn xattr_fd(&self, nodeid: u64) -> Result<Arc<OwnedFd>> {
@@ -1551,7 +1203,7 @@ impl Fs {
         sys::xattr::remove(fd.as_fd(), &name).map_err(|e| self.lower_err(e))
     }
 
-    /// FALLOCATE on the handle's lower fd. `kill_suidgid` (a caller without CAP_FSETID)
+    /// FALLOCATE on the handle's lower fd. `kill_privs` (a caller without CAP_FSETID)
     /// clears privilege bits first, as the lower's own fallocate would for that caller.
     ///
     /// # Errors
@@ -1584,7 +1236,7 @@ impl Fs {
         sys::lseek(h.fd.as_fd(), offset, whence).map_err(|e| self.lower_err(e))
     }
 
-    /// COPY_FILE_RANGE between two handles' lower fds. `kill_suidgid` (a caller without
+    /// COPY_FILE_RANGE between two handles' lower fds. `kill_privs` (a caller without
     /// CAP_FSETID) clears privilege bits of the destination, as a write would.
     ///
     /// # Errors
@@ -1615,8 +1267,8 @@ impl Fs {
 
     /// Paths of the handles still open (capped), for `/status` and the shutdown summary.
     pub fn open_paths(&self, cap: usize) -> Vec<(String, HandleMode)> {
-        let handles: Vec<Arc<Handle>> = self.handles.read().values().take(cap).cloned().collect();
-        handles
+        self.handles
+            .some(cap)
             .iter()
             .map(|h| (h.inode.path().display().to_string(), h.mode()))
             .collect()
@@ -1626,22 +1278,19 @@ impl Fs {
     /// the close is the lower's flush, so the lower uploads what it can. Returns the paths of
     /// writable handles whose close failed (also counted as lower flush errors).
     pub fn close_all(&self) -> Vec<String> {
-        let handles: Vec<Arc<Handle>> = self.handles.write().drain().map(|(_, h)| h).collect();
+        let handles = self.handles.drain();
         let mut failed = Vec::new();
         for h in handles {
-            {
-                let mut st = h.inode.open.lock();
-                st.fds.clear();
-                st.backing = None;
-            }
-            let writable = matches!(h.kind, HandleKind::File { writable: true, .. });
+            let unlisted = h.inode.open.lock().clear();
+            drop(unlisted);
+            let writable = h.writable();
             let inode = Arc::clone(&h.inode);
             let _call = self.acct.lower_call(if writable {
                 LowerCall::Flush
             } else {
                 LowerCall::Release
             });
-            if let Err(e) = Self::close_handle(h)
+            if let Err(e) = h.close()
                 && writable
             {
                 self.acct.lower_flush_errors.fetch_add(1, Relaxed);
@@ -1670,11 +1319,9 @@ impl Fs {
             std::iter::from_fn(|| cache.pop_lru()).collect()
         };
         drop(cached);
-        let inodes: Vec<Arc<Inode>> = self.inodes.read().by_id.values().cloned().collect();
-        for inode in inodes {
-            let mut st = inode.open.lock();
-            st.fds.clear();
-            st.backing = None;
+        for inode in self.inodes.all() {
+            let unlisted = inode.open.lock().clear();
+            drop(unlisted);
         }
         drop(self.root_fd.write().take());
         failed

@@ -61,11 +61,10 @@ fn die(what: &str, name: &CString) -> ! {
 
 /// Runs `phase` over `names` (this thread's files) against directory fd `dfd`.
 fn run_phase(phase: &str, dfd: i32, names: &[CString]) {
-    // SAFETY (all blocks below): plain system calls on NUL-terminated names and a valid
-    // directory fd; `st` is a properly sized out-buffer.
     match phase {
         "create" => {
             for n in names {
+                // SAFETY: `n` is NUL-terminated and `dfd` is a directory fd open for this whole run.
                 let fd = unsafe {
                     libc::openat(
                         dfd,
@@ -77,23 +76,28 @@ fn run_phase(phase: &str, dfd: i32, names: &[CString]) {
                 if fd < 0 {
                     die("create", n);
                 }
+                // SAFETY: `fd` was just returned by openat and is closed once, here.
                 if unsafe { libc::close(fd) } != 0 {
                     die("close", n);
                 }
             }
         }
         "stat" => {
+            // SAFETY: an all-zero `struct stat` is a valid value (plain integers).
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             for n in names {
+                // SAFETY: `n` is NUL-terminated, `dfd` is open, and `st` is a `struct stat` out-buffer.
                 if unsafe { libc::fstatat(dfd, n.as_ptr(), &mut st, 0) } != 0 {
                     die("stat", n);
                 }
             }
         }
         "stat_hot" => {
+            // SAFETY: an all-zero `struct stat` is a valid value (plain integers).
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             let hot = &names[..names.len().min(HOT_SET)];
             for n in hot.iter().cycle().take(names.len()) {
+                // SAFETY: `n` is NUL-terminated, `dfd` is open, and `st` is a `struct stat` out-buffer.
                 if unsafe { libc::fstatat(dfd, n.as_ptr(), &mut st, 0) } != 0 {
                     die("stat", n);
                 }
@@ -101,10 +105,12 @@ fn run_phase(phase: &str, dfd: i32, names: &[CString]) {
         }
         "open_close" => {
             for n in names {
+                // SAFETY: `n` is NUL-terminated and `dfd` is a directory fd open for this whole run.
                 let fd = unsafe { libc::openat(dfd, n.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
                 if fd < 0 {
                     die("open", n);
                 }
+                // SAFETY: `fd` was just returned by openat and is closed once, here.
                 if unsafe { libc::close(fd) } != 0 {
                     die("close", n);
                 }
@@ -112,6 +118,7 @@ fn run_phase(phase: &str, dfd: i32, names: &[CString]) {
         }
         "unlink" => {
             for n in names {
+                // SAFETY: `n` is NUL-terminated and `dfd` is a directory fd open for this whole run.
                 if unsafe { libc::unlinkat(dfd, n.as_ptr(), 0) } != 0 {
                     die("unlink", n);
                 }

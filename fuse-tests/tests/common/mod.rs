@@ -1,7 +1,8 @@
-//! Helpers shared by the mount tests of issue 2 (`ops`, `identity`, `permissions`,
-//! `passthrough`, `concurrency`): per-mode test wrappers, errno assertions, thin `libc`
+//! Helpers shared by the mount tests: per-mode test wrappers, errno assertions, thin `libc`
 //! wrappers that return `io::Result` (so every failure is asserted by `raw_os_error()`), a
-//! forked child that runs as another user, and views of the drainfs process from `/proc`.
+//! forked child that runs as another user, views of the drainfs process from `/proc`, and
+//! drainfs's state as it reports it (`/status` through the control socket, the admin server's
+//! address from its command line), so tests key on state and never on log wording.
 
 #![allow(dead_code, unused_imports)]
 
@@ -608,4 +609,69 @@ pub fn owned(fd: i32) -> OwnedFd {
     assert!(fd >= 0, "{}", io::Error::last_os_error());
     // SAFETY: a fresh fd owned by nobody else.
     unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `IP:PORT` with a port that was free on `ip` a moment ago, for `--admin-addr`.
+pub fn free_addr(ip: &str) -> String {
+    let l = std::net::TcpListener::bind((ip, 0)).expect("bind an ephemeral port");
+    format!("{ip}:{}", l.local_addr().unwrap().port())
+}
+
+/// The admin server's base URL (`http://IP:PORT`) of the drainfs `m` runs, read from its
+/// command line (`--admin-addr`), once the server accepts connections (up to 10 s); an
+/// unspecified address (`0.0.0.0`) is reached on loopback.
+pub fn admin_base(m: &Mounted) -> String {
+    // Read once the process has exec'd drainfs (before, /proc shows the forked parent's).
+    let addr_arg = || {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", m.proc.pid())).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let i = args.iter().position(|a| *a == b"--admin-addr")?;
+        Some(String::from_utf8_lossy(args.get(i + 1)?).replace("0.0.0.0", "127.0.0.1"))
+    };
+    let mut addr = None;
+    fuse_tests::harness::wait_until(Duration::from_secs(10), || {
+        addr = addr_arg();
+        addr.is_some()
+    });
+    let addr = addr.expect("drainfs runs with --admin-addr");
+    assert!(
+        !addr.ends_with(":0"),
+        "pass a fixed port (free_addr), not 0"
+    );
+    assert!(
+        fuse_tests::harness::wait_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(&addr).is_ok()
+        }),
+        "the admin server does not listen on {addr}"
+    );
+    format!("http://{addr}")
+}
+
+/// drainfs's `/status` JSON, asked through its control socket (`drainfs status --json`);
+/// `None` while nothing answers there.
+pub fn status(sock: &Path) -> Option<serde_json::Value> {
+    let out = std::process::Command::new(fuse_tests::harness::bin("drainfs"))
+        .args(["status", "--json", "--control-socket"])
+        .arg(sock)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Waits up to `timeout` for drainfs's `/status` phase to be `phase` (`door_closed`...).
+pub fn wait_phase(sock: &Path, phase: &str, timeout: Duration) -> bool {
+    fuse_tests::harness::wait_until(timeout, || {
+        status(sock).is_some_and(|v| v["phase"] == phase)
+    })
+}
+
+/// The `cause` of a summary file (`sigterm`, `exit_file`, `watched_pid_exited`...).
+pub fn summary_cause(summary: &Path) -> String {
+    let text = std::fs::read_to_string(summary)
+        .unwrap_or_else(|e| panic!("summary file {}: {e}", summary.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["cause"]["cause"].as_str().unwrap_or_default().to_string()
 }
