@@ -46,6 +46,7 @@ ops! {
     Statfs => "statfs", Access => "access", Setxattr => "setxattr", Getxattr => "getxattr",
     Listxattr => "listxattr", Removexattr => "removexattr", Fallocate => "fallocate",
     Lseek => "lseek", CopyFileRange => "copy_file_range",
+    Other => "other",
 }
 
 const N_OPS: usize = Op::ALL.len();
@@ -106,7 +107,7 @@ pub struct OpStats {
 }
 
 /// Which kind of open handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HandleMode {
     /// A file opened read-only.
@@ -251,6 +252,39 @@ impl Accounting {
         g
     }
 
+    /// Like [`Accounting::op`], for a request whose end comes later on another thread (the
+    /// relay keeps it in its in-flight map until the daemon's reply is written).
+    #[inline]
+    pub fn op_owned(self: &Arc<Self>, op: Op) -> OwnedOpGuard {
+        self.gate.enter();
+        self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
+        OwnedOpGuard {
+            acct: Arc::clone(self),
+            op,
+            start: Instant::now(),
+            failed: false,
+        }
+    }
+
+    /// Ends one request counted by [`Accounting::op`] or [`Accounting::op_owned`];
+    /// `activity`: it was the workload's (restarts the quiet period).
+    #[inline]
+    fn end_op(&self, op: Op, start: Instant, failed: bool, activity: bool) {
+        let stats = &self.ops[op as usize];
+        stats.count.fetch_add(1, Relaxed);
+        if failed {
+            stats.errors.fetch_add(1, Relaxed);
+        }
+        stats.duration.observe(start.elapsed());
+        stats.in_flight.fetch_sub(1, Relaxed);
+        self.gate.exit();
+        if activity {
+            self.touched();
+        } else {
+            self.notify();
+        }
+    }
+
     /// Counts an open handle until the guard is dropped.
     pub fn handle(self: &Arc<Self>, mode: HandleMode) -> HandleGuard {
         self.handles[mode as usize].fetch_add(1, SeqCst);
@@ -367,19 +401,37 @@ impl OpGuard<'_> {
 
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
-        let stats = &self.acct.ops[self.op as usize];
-        stats.count.fetch_add(1, Relaxed);
-        if self.failed {
-            stats.errors.fetch_add(1, Relaxed);
-        }
-        stats.duration.observe(self.start.elapsed());
-        stats.in_flight.fetch_sub(1, Relaxed);
-        self.acct.gate.exit();
-        if self.activity {
-            self.acct.touched();
-        } else {
-            self.acct.notify();
-        }
+        self.acct
+            .end_op(self.op, self.start, self.failed, self.activity);
+    }
+}
+
+/// One request in flight, owning its reference to the accounting (see
+/// [`Accounting::op_owned`]). Call [`OwnedOpGuard::fail`] when it is answered with an error.
+#[must_use]
+#[derive(Debug)]
+pub struct OwnedOpGuard {
+    acct: Arc<Accounting>,
+    op: Op,
+    start: Instant,
+    failed: bool,
+}
+
+impl OwnedOpGuard {
+    /// Marks the request as answered with an error.
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
+    /// The operation counted.
+    pub fn op(&self) -> Op {
+        self.op
+    }
+}
+
+impl Drop for OwnedOpGuard {
+    fn drop(&mut self) {
+        self.acct.end_op(self.op, self.start, self.failed, true);
     }
 }
 

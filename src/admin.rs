@@ -5,6 +5,8 @@
 //! - `GET /readyz`: 200 while serving and not draining.
 //! - `GET /livez`: 200 while a round trip through drainfs's request loop and a call on the
 //!   lower both answer within [`LIVENESS_BOUND`]; a wedged lower or a stuck loop gives 503.
+//!   In relay mode the round trip goes through the relay to the daemon (when drainfs knows the
+//!   mountpoint: `run --relay`), and the lower check is the daemon's process being up.
 //! - `GET /metrics`: Prometheus text format, read from the accounting atomics at scrape time
 //!   (nothing is added to the FUSE hot path).
 //! - `GET /status`: the lifecycle snapshot as JSON.
@@ -220,7 +222,13 @@ fn statfs(p: PathBuf) -> std::io::Result<()> {
 async fn livez(State(app): State<App>, RawQuery(q): RawQuery) -> Response {
     let shared = &app.control.shared;
     let mut checks = Vec::new();
-    let mounted = shared.fs().is_some()
+    let relay = shared.data_path() == "relay";
+    let has_mount = if relay {
+        shared.is_started() && !app.mountpoint.as_os_str().is_empty()
+    } else {
+        shared.fs().is_some()
+    };
+    let mounted = has_mount
         && matches!(
             shared.phase(),
             Phase::Serving | Phase::Draining | Phase::DoorClosed
@@ -242,7 +250,23 @@ async fn livez(State(app): State<App>, RawQuery(q): RawQuery) -> Response {
             detail: format!("not mounted (phase {})", shared.phase().name()),
         });
     }
-    if shared.lower_up() {
+    if relay {
+        let ok = shared.lower_up()
+            || shared.phase() == Phase::Starting
+            || shared.phase() >= Phase::Unmounting;
+        checks.push(Check {
+            name: "lower",
+            ok,
+            detail: if shared.lower_up() {
+                "the daemon's process is up".into()
+            } else {
+                format!(
+                    "the daemon's process is not up (phase {})",
+                    shared.phase().name()
+                )
+            },
+        });
+    } else if shared.lower_up() {
         let lower = app.lower.clone();
         let r = bounded(&app.lower_check, move || statfs(lower)).await;
         checks.push(Check {

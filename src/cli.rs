@@ -13,13 +13,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
     AdminConfig, FsConfig, LifecycleConfig, LogConfig, LogFormat, LowerProcess, PassthroughMode,
-    RunConfig,
+    RelayConnection, RelayOptions, RunConfig,
 };
 
 const HEADING_FS: &str = "Filesystem";
 const HEADING_LOWER: &str = "Lower process";
 const HEADING_SHUTDOWN: &str = "Shutdown";
 const HEADING_OBS: &str = "Observability and control";
+const HEADING_RELAY: &str = "Relay";
 
 /// drainfs: a FUSE passthrough mount in front of gcsfuse that drains in-flight I/O before the
 /// sidecar exits.
@@ -37,6 +38,10 @@ pub enum Command {
     /// Mount a passthrough view of LOWER at MOUNTPOINT and serve it until a shutdown trigger;
     /// with `-- COMMAND...`, start the lower's process (e.g. gcsfuse) first and stop it last.
     Run(Box<RunArgs>),
+    /// Relay an already-mounted FUSE connection (the one `/dev/fd/N` argument of COMMAND, as
+    /// the GKE CSI driver passes it) to COMMAND over a socketpair given to it as `/dev/fd/3`;
+    /// on a trigger, drain, stop COMMAND by closing its socket, and exit with its status.
+    Relay(Box<RelayArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
         /// Control socket of the running drainfs.
@@ -88,9 +93,10 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/drainfs/control.sock";
 /// Arguments of `drainfs run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves.
-    #[arg(long, env = "DRAINFS_LOWER", help_heading = HEADING_FS)]
-    pub lower: PathBuf,
+    /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves (not used
+    /// with `--relay`).
+    #[arg(long, env = "DRAINFS_LOWER", required_unless_present = "relay", help_heading = HEADING_FS)]
+    pub lower: Option<PathBuf>,
 
     /// Where drainfs mounts itself (where the application expects the bucket).
     #[arg(long, env = "DRAINFS_MOUNTPOINT", help_heading = HEADING_FS)]
@@ -189,9 +195,175 @@ pub struct RunArgs {
     #[arg(long)]
     pub check_config: bool,
 
+    /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
+    /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
+    /// socket) instead of serving a view of a lower directory.
+    #[arg(long, env = "DRAINFS_RELAY", requires = "command", conflicts_with_all = ["lower", "lower_pid"], help_heading = HEADING_RELAY)]
+    pub relay: bool,
+
+    /// Relay options (with `--relay`).
+    #[command(flatten)]
+    pub relay_opts: RelayOptArgs,
+
     /// The lower's process and its arguments, e.g. `gcsfuse --foreground BUCKET LOWER`.
     #[arg(last = true, id = "command")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
+#[derive(Debug, Args)]
+pub struct RelayOptArgs {
+    /// SO_SNDBUF/SO_RCVBUF to request on both ends of the socketpair, bytes (default:
+    /// net.core.wmem_max). The message-size cap follows from what the kernel grants.
+    #[arg(long, env = "DRAINFS_SOCKET_BUFFER", help_heading = HEADING_RELAY)]
+    pub socket_buffer: Option<usize>,
+
+    /// Largest FUSE message payload relayed (the kernel's max_write and max_pages), bytes,
+    /// rounded down to whole 4 KiB pages; lowered to what the socket buffers carry.
+    /// Larger messages need larger contiguous kernel allocations per datagram.
+    #[arg(long, env = "DRAINFS_MAX_MESSAGE", default_value_t = crate::relay::init::DEFAULT_MAX_MESSAGE, value_parser = parse_max_message, help_heading = HEADING_RELAY)]
+    pub max_message: u32,
+
+    /// If the daemon has not answered the kernel's INIT after this long, answer it EIO (the
+    /// mount fails instead of hanging), stop the daemon and exit 69.
+    #[arg(long, env = "DRAINFS_INIT_TIMEOUT", value_parser = parse_duration, default_value = "30s", help_heading = HEADING_RELAY)]
+    pub init_timeout: Duration,
+}
+
+impl RelayOptArgs {
+    fn into_options(self, connection: RelayConnection) -> RelayOptions {
+        RelayOptions {
+            connection,
+            socket_buffer: self.socket_buffer,
+            max_message: self.max_message,
+            init_timeout: self.init_timeout,
+        }
+    }
+}
+
+/// Parses `--max-message`: bytes, between 4096 and 1 MiB.
+///
+/// # Errors
+/// A readable message for anything else.
+pub fn parse_max_message(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    let max = crate::relay::init::MAX_CAP;
+    if !(4096..=max).contains(&n) {
+        return Err(format!("`{s}` is outside 4096..={max} bytes"));
+    }
+    Ok(n)
+}
+
+/// Arguments of `drainfs relay`.
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The inherited FUSE connection fd (default: N of the command's `/dev/fd/N` argument).
+    #[arg(long, env = "DRAINFS_KERNEL_FD", help_heading = HEADING_FS)]
+    pub kernel_fd: Option<i32>,
+
+    /// Socketpair and INIT options.
+    #[command(flatten)]
+    pub relay_opts: RelayOptArgs,
+
+    /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
+    #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
+    pub exit_files: Vec<PathBuf>,
+
+    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
+    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
+    pub watch_pid: Option<i32>,
+
+    /// Accepted for symmetry with `run`: in relay mode SIGTERM always means the workload is gone.
+    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
+    pub native_sidecar: bool,
+
+    /// Time from the first trigger to the SIGKILL that ends the relay (the GKE sidecar kills
+    /// 5 s after its SIGTERM). Accepts `5`, `5s`, `1500ms`.
+    #[arg(long, env = "DRAINFS_GRACE_PERIOD", value_parser = parse_duration, default_value = "5s", help_heading = HEADING_SHUTDOWN)]
+    pub grace_period: Duration,
+
+    /// How long before the end of the grace period the drain gives up. Default: a tenth of
+    /// the grace period, between 250ms and 3s.
+    #[arg(long, env = "DRAINFS_GRACE_MARGIN", value_parser = parse_duration, help_heading = HEADING_SHUTDOWN)]
+    pub grace_margin: Option<Duration>,
+
+    /// Write the JSON shutdown summary here (atomically).
+    #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
+    pub summary_file: Option<PathBuf>,
+
+    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`).
+    #[arg(long, env = "DRAINFS_TERMINATION_LOG", help_heading = HEADING_SHUTDOWN)]
+    pub termination_log: Option<PathBuf>,
+
+    /// Log format.
+    #[arg(long, env = "DRAINFS_LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text, help_heading = HEADING_OBS)]
+    pub log_format: LogFormatArg,
+
+    /// Log level or filter (`info`, `drainfs=debug`); `RUST_LOG` is used when this is unset.
+    #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
+    pub log_level: Option<String>,
+
+    /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
+    #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
+    pub admin_addr: Option<SocketAddr>,
+
+    /// Listen for control commands (status, drain, shutdown, wait) on this unix socket (0600).
+    #[arg(long, env = "DRAINFS_CONTROL_SOCKET", help_heading = HEADING_OBS)]
+    pub control_socket: Option<PathBuf>,
+
+    /// Write this file atomically once INIT went through; remove it when draining begins.
+    #[arg(long, env = "DRAINFS_READY_FILE", help_heading = HEADING_OBS)]
+    pub ready_file: Option<PathBuf>,
+
+    /// The daemon and its arguments, e.g. `gcsfuse --foreground BUCKET /dev/fd/3`.
+    #[arg(last = true, required = true, id = "command")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RelayArgs {
+    /// Converts the parsed arguments into the run configuration of a relay over an inherited
+    /// connection (SIGTERM always means the workload is gone).
+    pub fn into_config(self) -> RunConfig {
+        let grace_margin = self.grace_margin.unwrap_or_else(|| {
+            (self.grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
+        });
+        RunConfig {
+            fs: relay_fs(PathBuf::new()),
+            check_config: false,
+            relay: Some(
+                self.relay_opts
+                    .into_options(RelayConnection::Inherited { fd: self.kernel_fd }),
+            ),
+            lifecycle: LifecycleConfig {
+                lower_process: LowerProcess::Spawn { argv: self.command },
+                lower_ready_timeout: Duration::ZERO,
+                lower_signal: nix::sys::signal::Signal::SIGTERM,
+                exit_files: self.exit_files,
+                watch_pid: self.watch_pid,
+                native_sidecar: true,
+                quiet_period: Duration::ZERO,
+                grace_period: self.grace_period,
+                grace_margin,
+                summary_file: self.summary_file,
+                termination_log: self.termination_log,
+                ready_file: self.ready_file,
+            },
+            admin: AdminConfig {
+                admin_addr: self.admin_addr,
+                control_socket: self.control_socket,
+            },
+            log: LogConfig {
+                format: match self.log_format {
+                    LogFormatArg::Text => LogFormat::Text,
+                    LogFormatArg::Json => LogFormat::Json,
+                },
+                level: self.log_level,
+            },
+        }
+    }
 }
 
 /// `--passthrough` values.
@@ -205,6 +377,18 @@ pub enum PassthroughArg {
     Never,
     /// Kernel passthrough for read-only opens only.
     Reads,
+}
+
+/// The (unused) filesystem settings of a relay: only the mountpoint matters.
+fn relay_fs(mountpoint: PathBuf) -> FsConfig {
+    FsConfig {
+        lower: PathBuf::new(),
+        mountpoint,
+        passthrough: PassthroughMode::Never,
+        threads: 1,
+        ttl: Duration::ZERO,
+        max_lower_fds: None,
+    }
 }
 
 /// `--log-format` values.
@@ -274,15 +458,25 @@ impl RunArgs {
         } else {
             LowerProcess::Spawn { argv: self.command }
         };
-        RunConfig {
-            fs: FsConfig {
-                lower: self.lower,
+        let (fs, relay) = if self.relay {
+            (
+                relay_fs(self.mountpoint),
+                Some(self.relay_opts.into_options(RelayConnection::SelfMounted)),
+            )
+        } else {
+            let fs = FsConfig {
+                lower: self.lower.unwrap_or_default(),
                 mountpoint: self.mountpoint,
                 passthrough,
                 threads: usize::from(self.threads),
                 ttl: self.ttl,
                 max_lower_fds: self.max_lower_fds,
-            },
+            };
+            (fs, None)
+        };
+        RunConfig {
+            fs,
+            relay,
             lifecycle: LifecycleConfig {
                 lower_process,
                 lower_ready_timeout: self.lower_ready_timeout,

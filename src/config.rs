@@ -20,6 +20,40 @@ pub struct RunConfig {
     pub log: LogConfig,
     /// Validate, print and exit without mounting.
     pub check_config: bool,
+    /// Relay mode: drainfs relays a FUSE connection to the lower's process (its daemon)
+    /// instead of mounting a passthrough view of a lower directory.
+    pub relay: Option<RelayOptions>,
+}
+
+/// Where the relay's FUSE connection comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayConnection {
+    /// Inherited, already mounted (`drainfs relay`, the CSI driver's `/dev/fd/N`): this fd,
+    /// or N of the daemon's `/dev/fd/N` argument when `None`.
+    Inherited {
+        /// `--kernel-fd`.
+        fd: Option<i32>,
+    },
+    /// drainfs opens `/dev/fuse` and mounts [`FsConfig::mountpoint`] itself (`drainfs run
+    /// --relay`).
+    SelfMounted,
+}
+
+/// Relay-mode options.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayOptions {
+    /// Where the connection comes from.
+    pub connection: RelayConnection,
+    /// SO_SNDBUF/SO_RCVBUF to request on both ends of the socketpair, bytes; `None` means
+    /// net.core.wmem_max.
+    pub socket_buffer: Option<usize>,
+    /// Largest FUSE message payload (max_write, max_pages), bytes; lowered further to what the
+    /// socket buffers carry.
+    pub max_message: u32,
+    /// How long the daemon may take to answer the kernel's INIT.
+    #[serde(with = "humantime_serde_shim")]
+    pub init_timeout: Duration,
 }
 
 /// Kernel passthrough policy (`--passthrough`).

@@ -139,7 +139,7 @@ pub fn client(cmd: Command) -> i32 {
         level: None,
     });
     match cmd {
-        Command::Run(_) => ExitCode::Usage.code(),
+        Command::Run(_) | Command::Relay(_) => ExitCode::Usage.code(),
         Command::Status {
             control_socket,
             json,

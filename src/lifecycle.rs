@@ -1,6 +1,16 @@
-//! The executor of the passthrough mount's lifecycle: supervises the lower's process, mounts
-//! drainfs, feeds the drain machine ([`crate::drain::Machine`], where every decision is made)
-//! with triggers and observations, and carries out its steps (close the door, tear down).
+//! The executor of drainfs's lifecycle, for both data paths: supervises the lower's process,
+//! starts the data path, feeds the drain machine ([`crate::drain::Machine`], where every
+//! decision is made) with triggers and observations, and carries out its steps (close the door,
+//! tear down).
+//!
+//! The data paths (`DataPath`) differ only in how they start, what they report while
+//! serving (`PathEvent`) and how they are torn down:
+//! - **mount**: drainfs mounts a passthrough view of the lower's directory (fuser session);
+//! - **relay**: drainfs relays a FUSE connection to the lower's process (its daemon) over a
+//!   socketpair ([`crate::relay`]); the daemon is the lower, its end of the socket is its
+//!   "mount", and stopping it is `shutdown(SHUT_WR)` (it reads EOF, finishes and exits), never
+//!   a signal. Both count into the same [`Accounting`], so the door, `/status`, metrics,
+//!   probes, the ready file and the summary are the same.
 //!
 //! Triggers only *send* [`Event`]s: signals (the signal thread), exit files and the watched
 //! process ([`crate::triggers`]), control requests, the lower's process exiting (the reaper),
@@ -12,12 +22,15 @@
 //! read and the wait is lost, and the machine only ever decides "drained" on counts read after
 //! the door was closed.
 //!
-//! Teardown, in order: (forced only) flush and close the handles that are left; unmount drainfs
+//! Teardown of the mount, in order: (forced only) flush and close the handles that are left;
+//! unmount drainfs
 //! (a lazy detach when forced or busy, then abort drainfs's own FUSE connection so its session
 //! ends at once); close every lower fd drainfs holds; stop the lower's process (its stop
 //! signal, SIGKILL after the budget); remove the lower's FUSE mount if it lingers (by mount ID,
-//! never a volume's bind mount); exit. Every wait is bounded by a [`crate::drain::Budget`] and
-//! re-bounded when a trigger (a second signal) arrives during it.
+//! never a volume's bind mount); exit. Teardown of the relay: unmount (when drainfs mounted the
+//! connection itself), SHUT_WR to the daemon, wait for it to exit (SIGKILL after its budget).
+//! Every wait is bounded by a [`crate::drain::Budget`] and re-bounded when a trigger (a second
+//! signal) arrives during it.
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -42,6 +55,8 @@ use crate::drain::{
 pub use crate::drain::{Cause, CauseKind, ExitCode, Forced, Phase, Source};
 use crate::fs::{Admission, CoreConfig, Fs};
 use crate::fuse::{DrainFs, InitInfo};
+use crate::relay::engine::{EngineEvent, Relay, RelayStatus};
+use crate::relay::run::Prepared;
 use crate::{mount, procs, summary, triggers};
 
 /// Something that happened, sent to the lifecycle by a trigger or a watcher.
@@ -69,6 +84,8 @@ pub struct Shared {
     admin: crate::config::AdminConfig,
     mountpoint: PathBuf,
     lower: PathBuf,
+    data_path: &'static str,
+    relay: Mutex<Option<Arc<Relay>>>,
 }
 
 #[derive(Debug)]
@@ -95,8 +112,13 @@ pub struct Snapshot {
     pub outstanding: Outstanding,
     /// In-flight requests by operation (only non-zero ones).
     pub in_flight_by_op: Vec<(String, i64)>,
-    /// Paths still open (capped at 50), with their mode.
+    /// Paths still open (capped at 50), with their mode (mount only: the relay sees handles,
+    /// not paths).
     pub open_paths: Vec<(String, crate::accounting::HandleMode)>,
+    /// `mount` or `relay`.
+    pub data_path: &'static str,
+    /// The relay's INIT caps, socket buffers and counters (relay only).
+    pub relay: Option<RelayStatus>,
     /// What INIT negotiated, and the data path chosen.
     pub init: Option<InitInfo>,
     /// Whether the lower's process is up.
@@ -126,7 +148,23 @@ impl Shared {
             admin: cfg.admin.clone(),
             mountpoint: cfg.fs.mountpoint.clone(),
             lower: cfg.fs.lower.clone(),
+            data_path: if cfg.relay.is_some() {
+                "relay"
+            } else {
+                "mount"
+            },
+            relay: Mutex::new(None),
         })
+    }
+
+    /// `mount` (a passthrough view of a lower directory) or `relay`.
+    pub fn data_path(&self) -> &'static str {
+        self.data_path
+    }
+
+    /// The relay's status (relay mode, once started).
+    pub fn relay_status(&self) -> Option<RelayStatus> {
+        self.relay.lock().as_ref().map(|r| r.status())
     }
 
     /// Whether the mount is up and a round trip through it succeeded.
@@ -139,7 +177,8 @@ impl Shared {
         self.admin.clone()
     }
 
-    /// `(mountpoint, lower)`, absolute.
+    /// `(mountpoint, lower)`, absolute (empty when there is none: the lower of a relay, the
+    /// mountpoint of an inherited relay connection).
     pub fn paths(&self) -> (PathBuf, PathBuf) {
         (self.mountpoint.clone(), self.lower.clone())
     }
@@ -216,6 +255,8 @@ impl Shared {
                 })
                 .collect(),
             open_paths: Vec::new(),
+            data_path: self.data_path,
+            relay: None,
             init: i.init.clone(),
             lower_up: i.lower_up,
             drain_seconds: i.drain_duration.map(|d| d.as_secs_f64()),
@@ -223,6 +264,7 @@ impl Shared {
         drop(i);
         Snapshot {
             open_paths: fs.map(|f| f.open_paths(50)).unwrap_or_default(),
+            relay: self.relay_status(),
             ..snap
         }
     }
@@ -290,6 +332,18 @@ impl Lower {
         }
     }
 
+    /// A process spawned elsewhere (the relay's daemon), whose exit status the reaper
+    /// delivers on `exit`.
+    fn spawned(pid: i32, exit: oneshot::Receiver<WaitStatus>) -> Self {
+        Lower {
+            pid: Some(pid),
+            spawned: true,
+            status: status_watch(exit),
+            _status_tx: None,
+            stderr_tail: Arc::default(),
+        }
+    }
+
     fn exited(&self) -> Option<WaitStatus> {
         *self.status.borrow()
     }
@@ -352,19 +406,24 @@ fn spawn_lower(argv: &[OsString]) -> std::io::Result<Lower> {
                 }
             })?;
     }
+    Ok(Lower {
+        pid: Some(child.id() as i32),
+        spawned: true,
+        status: status_watch(exit),
+        _status_tx: None,
+        stderr_tail: tail,
+    })
+}
+
+/// A watch channel that receives the exit status the reaper sends on `exit`.
+fn status_watch(exit: oneshot::Receiver<WaitStatus>) -> watch::Receiver<Option<WaitStatus>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         if let Ok(st) = exit.await {
             let _ = tx.send(Some(st));
         }
     });
-    Ok(Lower {
-        pid: Some(child.id() as i32),
-        spawned: true,
-        status: rx,
-        _status_tx: None,
-        stderr_tail: tail,
-    })
+    rx
 }
 
 /// Whether a wait status is a clean stop after `sent` was sent: exit 0, exit 128+sent (as
@@ -398,6 +457,114 @@ pub struct Timings {
     pub exit_ms: Option<u64>,
 }
 
+/// How `run` ends: the exit status, and (relay) a signal to end the process by instead.
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    /// The exit status (128+N when `raise` is set, for when raising it does not end the
+    /// process).
+    pub code: i32,
+    /// The relay's daemon died of this signal (one drainfs did not send): the caller raises it
+    /// on drainfs after the cleanup, so that a supervisor sees the daemon's death as it would
+    /// have without drainfs (Go's exec: "signal: killed").
+    pub raise: Option<Signal>,
+}
+
+/// What drainfs serves, and the parts of the lifecycle that differ between the two.
+enum DataPath {
+    /// A passthrough view of the lower directory.
+    Mount(MountPath),
+    /// A FUSE connection relayed to the lower's process.
+    Relay(RelayPath),
+}
+
+struct MountPath {
+    core: Arc<Fs>,
+    session_done: Option<oneshot::Receiver<std::io::Result<()>>>,
+    /// The FUSE connection behind drainfs's own mount (for an abort after a lazy detach).
+    own_connection: Option<u32>,
+}
+
+struct RelayPath {
+    relay: Arc<Relay>,
+    events: mpsc::UnboundedReceiver<EngineEvent>,
+    /// The mount drainfs made itself (self-mounted relay), by mount ID.
+    mounted: Option<mount::MountInfo>,
+}
+
+/// What a data path reports while serving.
+enum PathEvent {
+    /// The lower's side failed (its FUSE connection, or the relay's daemon closed its end).
+    LowerGone(String),
+    /// drainfs's own mount (or the relay's kernel connection) went away from outside.
+    Unmounted(String),
+    /// Nothing the lifecycle acts on.
+    Nothing,
+}
+
+impl DataPath {
+    /// The kernel side of a relay is gone: the daemon's EOF and exit that follow are the
+    /// consequence (the relay sent the EOF), not a death of its own.
+    fn kernel_gone(&self) -> bool {
+        match self {
+            DataPath::Mount(_) => false,
+            DataPath::Relay(r) => r.relay.kernel_gone(),
+        }
+    }
+
+    fn open_paths(&self, max: usize) -> Vec<String> {
+        match self {
+            DataPath::Mount(m) => m.core.open_paths(max).into_iter().map(|(p, _)| p).collect(),
+            DataPath::Relay(_) => Vec::new(),
+        }
+    }
+
+    /// Opens and creates admitted and still in flight (mount only: the relay sees nodeids,
+    /// not paths).
+    fn admitted_paths(&self, max: usize) -> Vec<String> {
+        match self {
+            DataPath::Mount(m) => m.core.admitted_paths(max),
+            DataPath::Relay(_) => Vec::new(),
+        }
+    }
+
+    /// Waits for the next thing the data path reports. `lower_died`: the lower's death is
+    /// already known (not reported again).
+    async fn next_event(&mut self, admission: &Admission, lower_died: bool) -> PathEvent {
+        match self {
+            DataPath::Mount(m) => {
+                let session = async {
+                    match m.session_done.as_mut() {
+                        Some(rx) => rx.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = admission.lower_gone_notify.notified(), if !lower_died => {
+                        PathEvent::LowerGone("the lower's FUSE connection failed (ENOTCONN/ECONNABORTED)".into())
+                    }
+                    r = session => {
+                        m.session_done = None;
+                        PathEvent::Unmounted(format!("{r:?}"))
+                    }
+                }
+            }
+            DataPath::Relay(r) => match r.events.recv().await {
+                Some(EngineEvent::DaemonEof { reset }) if !lower_died && !r.relay.kernel_gone() => {
+                    PathEvent::LowerGone(format!(
+                        "the daemon's end of the socket {}",
+                        if reset { "failed" } else { "closed" }
+                    ))
+                }
+                Some(EngineEvent::KernelGone(e)) => {
+                    PathEvent::Unmounted(format!("the kernel side of the connection: {e}"))
+                }
+                Some(_) => PathEvent::Nothing,
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
+
 struct Runner {
     cfg: RunConfig,
     shared: Arc<Shared>,
@@ -417,18 +584,22 @@ struct Runner {
     lower_mount: Option<mount::MountInfo>,
     /// drainfs's own mount (by mount ID), recorded right after mounting.
     own_mount: Option<mount::MountInfo>,
+    /// The relay's daemon died of a signal drainfs did not send.
+    raise: Option<Signal>,
 }
 
-/// Runs drainfs: supervise/adopt the lower, mount, serve, drain, tear down. Returns the exit
+/// Runs drainfs: supervise/adopt the lower, mount (or, with `relay`, relay the prepared
+/// connection to the daemon already started on it), serve, drain, tear down. Returns the exit
 /// status. `lower` and `mountpoint` in `cfg` must already be absolute (see
 /// [`mount::preflight`]). `on_control` receives the handles of the admin server and control
 /// socket once the shared state exists.
 pub async fn run(
     cfg: RunConfig,
+    relay: Option<Prepared>,
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
     on_control: impl FnOnce(Control),
-) -> i32 {
+) -> Exit {
     let acct = Accounting::new();
     let shared = Shared::new(Arc::clone(&acct), &cfg);
     on_control(Control {
@@ -460,17 +631,33 @@ pub async fn run(
         notes: Vec::new(),
         lower_mount: None,
         own_mount: None,
+        raise: None,
     };
-    let code = r.run_all(acct).await;
+    let code = match relay {
+        Some(p) => r.run_relay(acct, p).await,
+        None => r.run_all(acct).await,
+    };
     r.timings.exit_ms = r.ms_since_trigger();
     r.shared.set_phase(Phase::Done, "exit");
-    let s = r.summary(code);
+    // A daemon killed by drainfs (LowerStop::Killed) is reported by the exit code, not raised.
+    let raise = r.raise.filter(|_| code == ExitCode::LowerFailed);
+    let mut s = r.summary(code);
+    if let Some(sig) = raise {
+        s.exit_code = 128 + sig as i32;
+        s.notes.push(format!(
+            "the daemon died of {}: drainfs ends by the same signal",
+            sig.as_str()
+        ));
+    }
     summary::emit(
         &s,
         r.cfg.lifecycle.summary_file.as_deref(),
         r.cfg.lifecycle.termination_log.as_deref(),
     );
-    code.code()
+    Exit {
+        code: s.exit_code,
+        raise,
+    }
 }
 
 impl Runner {
@@ -656,7 +843,6 @@ impl Runner {
         let init = Arc::new(Mutex::new(None));
         let mp_baseline = mount::baseline(&self.cfg.fs.mountpoint);
         let (session_done_tx, session_done) = oneshot::channel::<std::io::Result<()>>();
-        let mut session_done = Some(session_done);
         let mounted = mount_session(
             &self.cfg,
             Arc::clone(&core),
@@ -727,30 +913,196 @@ impl Runner {
                 tracing::error!(result = ?other, "the first round trip through the mount failed")
             }
         }
+        self.serving("mounted");
+
+        // 3. Serve until the machine says the mount drained or the teardown is forced.
+        let mut dp = DataPath::Mount(MountPath {
+            core,
+            session_done: Some(session_done),
+            own_connection,
+        });
+        let ending = self.serve(&acct, &mut dp).await;
+
+        // 4. Teardown.
+        self.teardown(ending, dp).await
+    }
+
+    /// The data path serves: `starting` -> `serving`, the ready file.
+    fn serving(&mut self, why: &str) {
         self.machine.mounted();
-        self.sync_phase("mounted");
+        self.sync_phase(why);
         if let Some(rf) = &self.cfg.lifecycle.ready_file
             && let Err(e) = summary::write_atomic(rf, b"ready\n")
         {
             tracing::warn!(path = %rf.display(), error = %e, "cannot write the ready file");
         }
+    }
 
-        // 3. Serve until the machine says the mount drained or the teardown is forced.
-        let ending = self.serve(&acct, &core, &mut session_done).await;
+    /// The relay's lifecycle: start the engine on the prepared connection (the daemon is
+    /// already running on its socket), wait for INIT, serve, tear down.
+    async fn run_relay(&mut self, acct: Arc<Accounting>, p: Prepared) -> ExitCode {
+        let Prepared {
+            kernel,
+            relay_end,
+            limits,
+            pid,
+            exit,
+            mounted,
+            ..
+        } = p;
+        self.lower = Lower::spawned(pid, exit);
+        self.shared.inner.lock().lower_up = true;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let relay = match Relay::start(kernel, relay_end, limits, Arc::clone(&acct), move |ev| {
+            let _ = tx.send(ev);
+        }) {
+            Ok((r, _threads)) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the relay's threads");
+                self.failed = true;
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                if let Some(m) = &mounted {
+                    let _ = mount::unmount_mount(m, true, Duration::from_secs(1));
+                }
+                return ExitCode::Failed;
+            }
+        };
+        *self.shared.relay.lock() = Some(Arc::clone(&relay));
+        let mut rp = RelayPath {
+            relay,
+            events: rx,
+            mounted,
+        };
+        if let Some(code) = self.wait_relay_init(&mut rp).await {
+            return code;
+        }
+        self.shared
+            .started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.serving("initialized");
+        let mut dp = DataPath::Relay(rp);
+        let ending = self.serve(&acct, &mut dp).await;
+        self.teardown(ending, dp).await
+    }
 
-        // 4. Teardown.
-        self.teardown(ending, core, session_done, own_connection)
-            .await
+    /// Waits until the daemon's INIT reply went through to the kernel, while watching
+    /// triggers, the daemon and the connection. `Some(code)` when drainfs must exit: INIT
+    /// failed (socket too small: 1), the daemon died or did not answer INIT within
+    /// `--init-timeout` (the kernel's INIT is then answered EIO: 69), or a shutdown came first.
+    async fn wait_relay_init(&mut self, rp: &mut RelayPath) -> Option<ExitCode> {
+        let timeout = self
+            .cfg
+            .relay
+            .as_ref()
+            .map_or(Duration::from_secs(30), |o| o.init_timeout);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.machine.step(Instant::now(), &Observation::default()) == Step::AbortStart {
+                tracing::info!("shutdown before INIT went through: stopping the daemon");
+                self.stop_relay(rp, "shutdown before INIT went through")
+                    .await;
+                return Some(match self.lower_stop {
+                    Some(LowerStop::Clean) | None => ExitCode::Clean,
+                    Some(LowerStop::Killed) => ExitCode::Incomplete,
+                    _ => ExitCode::LowerFailed,
+                });
+            }
+            let lower_exit = self.lower.wait();
+            let dead = self.machine.lower_died().is_some();
+            tokio::select! {
+                ev = self.events.recv() => if let Some(ev) = ev { self.on_event(ev) },
+                ev = rp.events.recv() => match ev {
+                    Some(EngineEvent::Initialized(_)) => return None,
+                    Some(EngineEvent::InitFailed) => {
+                        self.failed = true;
+                        self.notes.push(format!(
+                            "the socket buffers ({} and {} bytes) cannot carry a minimal FUSE message",
+                            rp.relay.limits().sndbuf_relay,
+                            rp.relay.limits().sndbuf_daemon
+                        ));
+                        self.stop_relay(rp, "INIT failed").await;
+                        return Some(ExitCode::Failed);
+                    }
+                    Some(EngineEvent::KernelGone(_)) => {
+                        self.on_event(Event::Trigger(Cause::UnmountedExternally));
+                    }
+                    Some(EngineEvent::DaemonEof { .. }) if !dead && !rp.relay.kernel_gone() => {
+                        self.on_event(Event::Trigger(Cause::LowerDied {
+                            detail: "the daemon closed its socket before answering INIT".into(),
+                        }));
+                        self.stop_relay(rp, "the daemon is gone").await;
+                        return Some(ExitCode::LowerFailed);
+                    }
+                    Some(_) => {}
+                    None => std::future::pending::<()>().await,
+                },
+                st = lower_exit, if !dead => {
+                    self.note_daemon_exit(&st);
+                    self.on_event(Event::Trigger(Cause::LowerDied {
+                        detail: format!("the daemon exited before answering INIT: {}", procs::describe(&st)),
+                    }));
+                    self.stop_relay(rp, "the daemon is gone").await;
+                    return Some(ExitCode::LowerFailed);
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    let pending = rp.relay.fail_init();
+                    tracing::error!(timeout = ?timeout, init_pending = pending, "the daemon did not answer INIT in time");
+                    self.notes.push(format!("the daemon did not answer INIT within {timeout:?}"));
+                    self.on_event(Event::Trigger(Cause::LowerDied {
+                        detail: format!("no INIT reply within {timeout:?}"),
+                    }));
+                    self.stop_relay(rp, "no INIT reply").await;
+                    return Some(ExitCode::LowerFailed);
+                }
+            }
+        }
+    }
+
+    /// Records a relay daemon's death by a signal drainfs did not send (to be raised on
+    /// drainfs at the end).
+    fn note_daemon_exit(&mut self, st: &WaitStatus) {
+        if self.cfg.relay.is_some()
+            && self.lower_stop != Some(LowerStop::Killed)
+            && let WaitStatus::Signaled(_, sig, _) = st
+        {
+            self.raise = Some(*sig);
+        }
+    }
+
+    /// Ends the relay: unmount (self-mounted: lazily when forced, busy or the daemon is
+    /// dead), SHUT_WR to the daemon (it reads EOF, finishes its own work and exits; later
+    /// kernel requests are answered EIO), then wait for the daemon to exit within its budget
+    /// (SIGKILL after).
+    async fn stop_relay(&mut self, rp: &RelayPath, why: &str) {
+        self.advance(Phase::Unmounting, why);
+        if let Some(m) = rp.mounted.clone() {
+            let lazy = self.machine.forced().is_some() || self.machine.lower_died().is_some();
+            let res = self
+                .bounded(
+                    |b| b.unmount,
+                    blocking(move || {
+                        if lazy {
+                            mount::unmount_mount(&m, true, Duration::from_secs(5))
+                        } else {
+                            mount::unmount_or_detach_mount(&m, Duration::from_secs(5))
+                        }
+                    }),
+                )
+                .await;
+            tracing::info!(result = ?res, "unmounted the relay's mount");
+            if !matches!(res, Some(Ok(_))) {
+                self.notes
+                    .push(format!("unmounting the relay's mount: {res:?}"));
+            }
+        }
+        rp.relay.stop();
+        self.timings.unmounted_ms = self.ms_since_trigger();
+        self.stop_lower(why).await;
     }
 
     /// The serving loop: observe (door, then counts), step the machine, carry out its step,
     /// wait for the next event, count change or wake-up time.
-    async fn serve(
-        &mut self,
-        acct: &Arc<Accounting>,
-        core: &Arc<Fs>,
-        session_done: &mut Option<oneshot::Receiver<std::io::Result<()>>>,
-    ) -> Ending {
+    async fn serve(&mut self, acct: &Arc<Accounting>, dp: &mut DataPath) -> Ending {
         loop {
             // Register for the count's change notification before reading the counts.
             let changed = acct.changed.notified();
@@ -789,9 +1141,8 @@ impl Runner {
                     self.timings.drained_ms = self.ms_since(drained_at);
                     if let Ending::Forced(reason) = ending {
                         let out = self.machine.outstanding_at_force().unwrap_or_default();
-                        self.open_at_force =
-                            core.open_paths(100).into_iter().map(|(p, _)| p).collect();
-                        self.opens_at_force = core.admitted_paths(100);
+                        self.open_at_force = dp.open_paths(100);
+                        self.opens_at_force = dp.admitted_paths(100);
                         if !out.is_drained() {
                             *self.shared.forced.lock().entry(reason).or_default() += 1;
                         }
@@ -827,34 +1178,39 @@ impl Runner {
                 }
             };
             let lower_exit = self.lower.wait();
-            let lower_watched = self.lower.watched() && self.machine.lower_died().is_none();
-            let session = async {
-                match session_done.as_mut() {
-                    Some(rx) => rx.await,
-                    None => std::future::pending().await,
-                }
-            };
+            let lower_died = self.machine.lower_died().is_some();
+            // A relay's daemon exits after the EOF the relay sent when the kernel side went
+            // away: that is not a death.
+            let lower_watched = self.lower.watched() && !lower_died && !dp.kernel_gone();
             let triggered = self.machine.triggered();
             tokio::select! {
                 ev = self.events.recv() => {
                     if let Some(ev) = ev { self.on_event(ev) }
                 }
                 st = lower_exit, if lower_watched => {
-                    self.on_event(Event::Trigger(Cause::LowerDied { detail: format!("lower process exited: {}", procs::describe(&st)) }));
-                }
-                _ = self.admission.lower_gone_notify.notified(), if self.machine.lower_died().is_none() => {
-                    self.on_event(Event::Trigger(Cause::LowerDied { detail: "the lower's FUSE connection failed (ENOTCONN/ECONNABORTED)".into() }));
-                }
-                r = session => {
-                    *session_done = None;
-                    tracing::warn!(result = ?r, "drainfs's mount was removed from outside");
-                    self.on_event(Event::Trigger(Cause::UnmountedExternally));
-                    // No request can arrive any more: close what the kernel will never release.
-                    let c = Arc::clone(core);
-                    if let Some(failed) = self.bounded(|b| b.close_remaining, blocking(move || c.close_all())).await {
-                        self.failed_flushes.extend(failed);
+                    if !dp.kernel_gone() {
+                        self.note_daemon_exit(&st);
+                        self.on_event(Event::Trigger(Cause::LowerDied { detail: format!("lower process exited: {}", procs::describe(&st)) }));
                     }
                 }
+                pe = dp.next_event(&self.admission, lower_died) => match pe {
+                    PathEvent::LowerGone(detail) => {
+                        self.on_event(Event::Trigger(Cause::LowerDied { detail }));
+                    }
+                    PathEvent::Unmounted(r) => {
+                        tracing::warn!(result = r, "drainfs's mount was removed from outside");
+                        self.on_event(Event::Trigger(Cause::UnmountedExternally));
+                        // No request can arrive any more: close what the kernel will never
+                        // release (the relay's engine already stopped counting its handles).
+                        if let DataPath::Mount(m) = &*dp {
+                            let c = Arc::clone(&m.core);
+                            if let Some(failed) = self.bounded(|b| b.close_remaining, blocking(move || c.close_all())).await {
+                                self.failed_flushes.extend(failed);
+                            }
+                        }
+                    }
+                    PathEvent::Nothing => {}
+                },
                 _ = &mut changed, if triggered => {}
                 _ = sleep => {}
             }
@@ -967,8 +1323,15 @@ impl Runner {
             return;
         };
         self.advance(Phase::StoppingLower, why);
-        let sig = self.cfg.lifecycle.lower_signal;
-        if self.lower.exited().is_none() {
+        // A relay's daemon is stopped by the EOF on its socket, never by a signal.
+        let sig = if self.cfg.relay.is_some() {
+            None
+        } else {
+            Some(self.cfg.lifecycle.lower_signal)
+        };
+        if self.lower.exited().is_none()
+            && let Some(sig) = sig
+        {
             tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
         }
@@ -1027,18 +1390,40 @@ impl Runner {
         self.lower_stop = Some(if killed {
             LowerStop::Killed
         } else {
-            match &st {
-                Some(s) if !self.lower.spawned || clean_stop(s, sig) => LowerStop::Clean,
+            match (&st, sig) {
+                (Some(_), _) if !self.lower.spawned => LowerStop::Clean,
+                (Some(s), Some(sig)) if clean_stop(s, sig) => LowerStop::Clean,
+                (Some(WaitStatus::Exited(_, 0)), None) => LowerStop::Clean,
                 _ => LowerStop::Unclean,
             }
         });
         if let Some(st) = st {
+            if !killed {
+                self.note_daemon_exit(&st);
+            }
             self.lower_exit = Some(procs::describe(&st));
             tracing::info!(pid, status = %procs::describe(&st), stop = ?self.lower_stop, "the lower's process exited");
         }
     }
 
-    async fn teardown(
+    async fn teardown(&mut self, ending: Ending, dp: DataPath) -> ExitCode {
+        match dp {
+            DataPath::Mount(m) => {
+                self.teardown_mount(ending, m.core, m.session_done, m.own_connection)
+                    .await
+            }
+            DataPath::Relay(r) => {
+                let why = match ending {
+                    Ending::Drained => "drained",
+                    Ending::Forced(r) => r.name(),
+                };
+                self.stop_relay(&r, why).await;
+                drain_exit_code(self)
+            }
+        }
+    }
+
+    async fn teardown_mount(
         &mut self,
         ending: Ending,
         core: Arc<Fs>,
@@ -1189,6 +1574,8 @@ impl Runner {
             failed_flushes: self.failed_flushes.clone(),
             counts: summary::Counts::from(acct.as_ref()),
             notes: self.notes.clone(),
+            data_path: self.shared.data_path(),
+            relay: self.shared.relay_status(),
         }
     }
 }

@@ -23,6 +23,8 @@
 //! | `drainfs_forced_shutdowns_total` | counter | `reason` |
 //! | `drainfs_lower_up` | gauge | — |
 //! | `drainfs_passthrough_enabled` | gauge | — |
+//! | `drainfs_relay_answered` | counter | `reason` = door, daemon_gone, send_failed (relay only: requests the relay answered itself) |
+//! | `drainfs_relay_message_cap_bytes` | gauge | — (relay only: the largest payload relayed) |
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -289,6 +291,25 @@ impl Collector for DrainCollector {
             "Whether kernel passthrough is in effect",
             i64::from(s.passthrough()),
         )?;
+        if let Some(r) = s.relay_status() {
+            counter_family(
+                &mut enc,
+                "relay_answered",
+                "Requests the relay answered itself instead of the daemon, by reason",
+                "reason",
+                [
+                    ("door", r.counts.door_refused),
+                    ("daemon_gone", r.counts.answered_daemon_gone),
+                    ("send_failed", r.counts.answered_send_failed),
+                ],
+            )?;
+            gauge(
+                &mut enc,
+                "relay_message_cap_bytes",
+                "Largest FUSE message payload the relay carries (max_write)",
+                i64::from(r.cap.unwrap_or(0)),
+            )?;
+        }
         Ok(())
     }
 }

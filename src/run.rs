@@ -1,11 +1,14 @@
-//! `drainfs run`: pre-flight checks, process set-up, and the tokio runtime for the control
-//! plane. FUSE requests are served on fuser's own threads, never on the runtime.
+//! `drainfs run` (and `drainfs relay`): pre-flight checks, process set-up, and the tokio
+//! runtime for the control plane. FUSE requests are served on fuser's own threads (or the
+//! relay's two threads), never on the runtime.
 
 use crate::config::RunConfig;
 use crate::lifecycle::{self, Control, Event, ExitCode};
 use crate::{logging, mount, signals};
 
-/// Runs `drainfs run` and returns the process exit status.
+/// Runs `drainfs run` (or, with `cfg.relay`, a relay) and returns the process exit status.
+/// When the relay's daemon died of a signal, that signal is raised on drainfs itself after
+/// the cleanup (see [`lifecycle::Exit`]); this returns only if it did not end the process.
 pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'static) -> i32 {
     // Before any thread exists: every thread inherits a mask with the handled signals blocked.
     if let Err(e) = signals::block_all() {
@@ -23,21 +26,44 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         }
         return 0;
     }
-    let spawns = matches!(
-        cfg.lifecycle.lower_process,
-        crate::config::LowerProcess::Spawn { .. }
-    );
-    match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint, spawns) {
-        Ok((lower, mp)) => {
-            cfg.fs.lower = lower;
-            cfg.fs.mountpoint = mp;
+    let relay = match &cfg.relay {
+        Some(opts) => {
+            if opts.connection == crate::config::RelayConnection::SelfMounted {
+                match relay_preflight(&cfg.fs.mountpoint) {
+                    Ok(mp) => cfg.fs.mountpoint = mp,
+                    Err(e) => {
+                        eprintln!("drainfs: error: {e}");
+                        return ExitCode::Usage.code();
+                    }
+                }
+            }
+            match crate::relay::run::prepare(&cfg) {
+                Ok(p) => Some(p),
+                Err((code, e)) => {
+                    eprintln!("drainfs: error: {e}");
+                    return code.code();
+                }
+            }
         }
-        Err(e) => {
-            eprintln!("drainfs: error: {e}");
-            return ExitCode::Usage.code();
+        None => {
+            let spawns = matches!(
+                cfg.lifecycle.lower_process,
+                crate::config::LowerProcess::Spawn { .. }
+            );
+            match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint, spawns) {
+                Ok((lower, mp)) => {
+                    cfg.fs.lower = lower;
+                    cfg.fs.mountpoint = mp;
+                }
+                Err(e) => {
+                    eprintln!("drainfs: error: {e}");
+                    return ExitCode::Usage.code();
+                }
+            }
+            prepare_process();
+            None
         }
-    }
-    prepare_process();
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("drainfs-control")
@@ -55,10 +81,55 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         eprintln!("drainfs: error: cannot start the signal thread: {e}");
         return ExitCode::Failed.code();
     }
-    let code = rt.block_on(lifecycle::run(cfg, tx, rx, on_control));
+    let exit = rt.block_on(lifecycle::run(cfg, relay, tx, rx, on_control));
     // Threads stuck in a wedged lower must not keep the process alive past the deadline.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
-    code
+    if let Some(sig) = exit.raise {
+        raise_default(sig);
+    }
+    exit.code
+}
+
+/// Checks a self-mounted relay's mountpoint: an existing directory (a dead FUSE mount left by
+/// a killed predecessor is repaired first), not already a mount. Returns it absolute.
+fn relay_preflight(mp: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    mount::repair_if_dead(mp, "--mountpoint");
+    match std::fs::metadata(mp) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("--mountpoint {}: not a directory", mp.display())),
+        Err(e) => return Err(format!("--mountpoint {}: {e}", mp.display())),
+    }
+    let abs = mount::absolute(mp);
+    if let Some(m) = mount::mount_at(&abs) {
+        return Err(format!(
+            "--mountpoint {}: already a mount ({} from {}); unmount it or choose another directory",
+            mp.display(),
+            m.fstype,
+            m.source
+        ));
+    }
+    Ok(abs)
+}
+
+/// Ends drainfs by `sig`, as its daemon ended: default disposition, no core file (the core
+/// would be drainfs's, not the daemon's), unblocked, raised on this thread. Returns if `sig`
+/// does not terminate (the caller then exits 128+N).
+fn raise_default(sig: nix::sys::signal::Signal) {
+    use nix::sys::signal::{
+        SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, pthread_sigmask, raise, sigaction,
+    };
+    tracing::info!(
+        signal = sig.as_str(),
+        "the daemon died of a signal: ending drainfs by the same signal"
+    );
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installing SIG_DFL has no handler code to be unsafe.
+    let _ = unsafe { sigaction(sig, &dfl) };
+    let mut set = SigSet::empty();
+    set.add(sig);
+    let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+    let _ = raise(sig);
 }
 
 /// Process-wide settings: umask 0 (the kernel already applied the caller's umask to modes

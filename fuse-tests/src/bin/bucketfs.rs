@@ -25,6 +25,12 @@
 //!   kills the process at once, leaving a dead mount (`Transport endpoint is not connected`).
 //!   Signals are blocked in every thread and consumed by one `sigwait` thread, so they never
 //!   interrupt a worker blocked in an upload.
+//! - **`--mountpoint /dev/fd/N` serves an already-open connection**, as gcsfuse does in GKE's
+//!   CSI sidecar: fd N is a `/dev/fuse` fd someone else mounted, or a relay's socket. Nothing
+//!   is mounted or unmounted; SIGINT/SIGTERM are logged as "externally managed" and the process
+//!   keeps serving (so only SIGKILL stops it, as with gcsfuse). End-of-stream on a socket (the
+//!   relay's `shutdown(SHUT_WR)`) is a clean stop: the workers finish what they are serving
+//!   and the process exits 0. fuser answers INIT with `max_write` = 16 MiB.
 //! - **Inode numbers come from a counter**, the mount uses `allow_other` and
 //!   `default_permissions`, and readiness is announced with gcsfuse's stdout line
 //!   `File system has been successfully mounted.`
@@ -40,7 +46,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Seek, SeekFrom, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,9 +57,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session,
-    SessionACL, TimeOrNow, WriteFlags,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL,
+    TimeOrNow, WriteFlags,
 };
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use nix::sys::stat::{Mode, fchmod, futimens};
@@ -85,8 +91,10 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     bucket: PathBuf,
 
-    /// Where to mount (must exist and be a directory).
-    #[arg(long, value_name = "DIR")]
+    /// Where to mount (must exist and be a directory), or `/dev/fd/N`: serve the FUSE
+    /// connection already open as fd N (a mounted `/dev/fuse` fd, or one end of a relay's
+    /// socketpair) instead of mounting, as gcsfuse does in GKE's CSI sidecar.
+    #[arg(long, value_name = "DIR|/dev/fd/N")]
     mountpoint: PathBuf,
 
     /// Directory for staging files (created if missing). Default: a fresh temporary directory,
@@ -1379,10 +1387,12 @@ fn die_by_sigterm() -> ! {
     unsafe { libc::_exit(128 + libc::SIGTERM) }
 }
 
-/// The signal thread: waits for SIGINT/SIGTERM with `sigwait` and reacts like gcsfuse.
+/// The signal thread: waits for SIGINT/SIGTERM with `sigwait` and reacts like gcsfuse: unmount
+/// (`mountpoint` given), or log and keep serving (`None`: a `/dev/fd/N` connection someone
+/// else mounted; gcsfuse logs "externally managed" and waits for EOF or SIGKILL).
 fn signal_loop(
     set: SigSet,
-    mountpoint: PathBuf,
+    mountpoint: Option<PathBuf>,
     mode: SigtermMode,
     events: Arc<Events>,
     temp_staging: Option<PathBuf>,
@@ -1405,8 +1415,14 @@ fn signal_loop(
             }
             die_by_sigterm();
         }
+        let Some(mountpoint) = &mountpoint else {
+            // gcsfuse on a /dev/fd/N mount: it cannot unmount, says so and keeps serving.
+            eprintln!("bucketfs: {name}: the mount is externally managed; will not unmount");
+            events.log(json!({"event": "unmount_failed", "error": "externally managed"}));
+            continue;
+        };
         eprintln!("bucketfs: {name}: unmounting {}", mountpoint.display());
-        if let Err(e) = unmount(&mountpoint) {
+        if let Err(e) = unmount(mountpoint) {
             eprintln!(
                 "bucketfs: unmount of {} failed: {e}; still serving",
                 mountpoint.display()
@@ -1427,10 +1443,61 @@ fn existing_dir(what: &str, path: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// Mounts, serves until unmounted, and returns the exit code.
+/// Parses a `/dev/fd/N` mountpoint argument: `Some(N)`, or `None` for any other path.
+fn dev_fd(path: &Path) -> Option<i32> {
+    path.to_str()?
+        .strip_prefix("/dev/fd/")?
+        .parse()
+        .ok()
+        .filter(|n| *n >= 0)
+}
+
+/// Takes ownership of the inherited connection fd `n` (marking it close-on-exec) and returns it
+/// with a duplicate kept to look at the connection after the session has closed its copy.
+fn take_connection_fd(n: i32) -> Result<(OwnedFd, OwnedFd), String> {
+    // SAFETY: F_GETFD only queries the descriptor table.
+    if unsafe { libc::fcntl(n, libc::F_GETFD) } == -1 {
+        return Err(format!("/dev/fd/{n}: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: fd n is open (checked above), was inherited for us to serve, and nothing else in
+    // this process owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(n) };
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|e| format!("/dev/fd/{n}: {e}"))?;
+    let probe = fd.try_clone().map_err(|e| format!("/dev/fd/{n}: {e}"))?;
+    Ok((fd, probe))
+}
+
+/// Whether `fd` is a socket whose peer has shut down its sending side: a relay's end-of-stream,
+/// which fuser's loop reports as an invalid (zero-length) request.
+fn peer_closed(fd: &OwnedFd) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        nix::sys::socket::recv(
+            fd.as_raw_fd(),
+            &mut byte,
+            nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ),
+        Ok(0)
+    )
+}
+
+/// Mounts (or takes the `/dev/fd/N` connection), serves until unmounted or until the
+/// connection's peer closes, and returns the exit code: 0 when the session ended by unmount
+/// (`ENODEV`) or by end-of-stream on a `/dev/fd/N` socket, 1 when it ended with an error.
 fn run(args: Args) -> Result<ExitCode, String> {
     let bucket = existing_dir("bucket", &args.bucket)?;
-    let mountpoint = existing_dir("mountpoint", &args.mountpoint)?;
+    let connection = match dev_fd(&args.mountpoint) {
+        Some(n) => Some(take_connection_fd(n)?),
+        None => None,
+    };
+    let mountpoint = match connection {
+        Some(_) => None,
+        None => Some(existing_dir("mountpoint", &args.mountpoint)?),
+    };
     let (staging_dir, temp_guard) = match &args.staging {
         Some(dir) => {
             fs::create_dir_all(dir).map_err(|e| format!("staging {}: {e}", dir.display()))?;
@@ -1456,16 +1523,25 @@ fn run(args: Args) -> Result<ExitCode, String> {
     };
     let fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
     let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(format!("bucketfs:{}", bucket.display())),
-        MountOption::Subtype("bucketfs".to_owned()),
-        MountOption::DefaultPermissions,
-    ];
     config.acl = SessionACL::All;
     config.n_threads = Some(usize::from(args.threads));
-    config.clone_fd = true;
-    let session = mount_session(fs, &mountpoint, &config, &bucket)
-        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let (session, probe) = match (connection, &mountpoint) {
+        (Some((fd, probe)), _) => {
+            // Every worker reads the same fd: a socket cannot be cloned with
+            // FUSE_DEV_IOC_CLONE. fuser answers INIT with max_write = 16 MiB.
+            config.clone_fd = false;
+            let session = Session::from_fd(fs, fd, SessionACL::All, config)
+                .map_err(|e| format!("cannot serve {}: {e}", args.mountpoint.display()))?;
+            (session, Some(probe))
+        }
+        (None, Some(mountpoint)) => {
+            config.clone_fd = true;
+            let session = mount_session(fs, mountpoint, &config, &bucket)
+                .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+            (session, None)
+        }
+        (None, None) => unreachable!("a mountpoint is resolved whenever there is no fd"),
+    };
 
     events.log(json!({"event": "mounted"}));
     {
@@ -1476,8 +1552,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
 
     let temp_staging = temp_guard.as_ref().map(|t| t.path().to_path_buf());
     let sig_events = events.clone();
-    let sig_mountpoint = mountpoint.clone();
     let mode = args.sigterm;
+    let sig_mountpoint = mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".to_owned())
         .spawn(move || signal_loop(sigset, sig_mountpoint, mode, sig_events, temp_staging))
@@ -1487,11 +1563,16 @@ fn run(args: Args) -> Result<ExitCode, String> {
     events.log(json!({"event": "unmounted"}));
     let code = match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(_) if probe.as_ref().is_some_and(peer_closed) => {
+            eprintln!("bucketfs: end of stream on the connection: stopping");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("bucketfs: session ended with an error: {e}");
             ExitCode::FAILURE
         }
     };
+    drop(probe);
     drop(temp_guard);
     events.log(json!({"event": "exit"}));
     Ok(code)

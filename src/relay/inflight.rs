@@ -1,0 +1,500 @@
+//! The relay's side of the accounting: requests in flight by `unique` (for the replies) and
+//! open handles by `fh`, each holding the guard that counts it in the crate's
+//! [`Accounting`] (the same counts, door and metrics the passthrough mount uses), and what to
+//! do with each new kernel request. No I/O: the engine holds this under one mutex and performs
+//! the I/O each decision names.
+//!
+//! # Race freedom
+//! New requests enter the relay in one place, the kernel→daemon reader thread. It counts a
+//! request with [`Accounting::op_owned`] (entering the gate) *before* it reads the door
+//! ([`Accounting::door_open`]), and [`Inflight::admit`] keeps that guard in the in-flight map
+//! until the daemon's reply has been written to the kernel. A handle created by an OPEN reply
+//! is counted ([`Accounting::handle`]) before the OPEN's guard is dropped. So a drain that
+//! closes the door and then observes the gate (see [`crate::gate`]) never misses an admitted
+//! request or the handle it opened.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::proto::{self, InHeader, Opcode};
+use crate::accounting::{Accounting, HandleGuard, HandleMode, Op, OwnedOpGuard};
+
+/// The accounting's operation for a FUSE opcode: BATCH_FORGET counts as `forget`, RENAME2 as
+/// `rename`, TMPFILE as `create`; opcodes the passthrough mount never sees (INIT, INTERRUPT,
+/// locks, ioctl, poll, unknown ones...) as `other`.
+pub fn accounting_op(op: Opcode) -> Op {
+    use Opcode as O;
+    match op {
+        O::Lookup => Op::Lookup,
+        O::Forget | O::BatchForget => Op::Forget,
+        O::Getattr | O::Statx => Op::Getattr,
+        O::Setattr => Op::Setattr,
+        O::Readlink => Op::Readlink,
+        O::Symlink => Op::Symlink,
+        O::Mknod => Op::Mknod,
+        O::Mkdir => Op::Mkdir,
+        O::Unlink => Op::Unlink,
+        O::Rmdir => Op::Rmdir,
+        O::Rename | O::Rename2 => Op::Rename,
+        O::Link => Op::Link,
+        O::Open => Op::Open,
+        O::Create | O::Tmpfile => Op::Create,
+        O::Read => Op::Read,
+        O::Write => Op::Write,
+        O::Statfs => Op::Statfs,
+        O::Release => Op::Release,
+        O::Fsync => Op::Fsync,
+        O::Setxattr => Op::Setxattr,
+        O::Getxattr => Op::Getxattr,
+        O::Listxattr => Op::Listxattr,
+        O::Removexattr => Op::Removexattr,
+        O::Flush => Op::Flush,
+        O::Opendir => Op::Opendir,
+        O::Readdir => Op::Readdir,
+        O::Readdirplus => Op::Readdirplus,
+        O::Releasedir => Op::Releasedir,
+        O::Fsyncdir => Op::Fsyncdir,
+        O::Access => Op::Access,
+        O::Fallocate => Op::Fallocate,
+        O::Lseek => Op::Lseek,
+        O::CopyFileRange => Op::CopyFileRange,
+        O::Init
+        | O::Getlk
+        | O::Setlk
+        | O::Setlkw
+        | O::Interrupt
+        | O::Bmap
+        | O::Destroy
+        | O::Ioctl
+        | O::Poll
+        | O::NotifyReply
+        | O::Other(_) => Op::Other,
+    }
+}
+
+/// One request awaiting the daemon's reply.
+#[derive(Debug)]
+pub struct Pending {
+    /// The operation.
+    pub opcode: Opcode,
+    /// For OPEN/CREATE/TMPFILE/OPENDIR: the kind of handle a successful reply creates.
+    pub opens: Option<HandleMode>,
+    /// Counts the request in the accounting until dropped.
+    guard: OwnedOpGuard,
+}
+
+impl Pending {
+    /// Marks the request as answered with an error (for the accounting's error counts).
+    pub fn fail(&mut self) {
+        self.guard.fail();
+    }
+}
+
+/// What to do with a kernel request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Send it to the daemon (recorded as in flight when it expects a reply).
+    Forward,
+    /// Answer it here with this errno (header-only error reply).
+    Reply(i32),
+    /// Neither forward nor answer (a FORGET or INTERRUPT once the daemon is gone or stopping).
+    Drop,
+}
+
+/// Counters over the relay's life (relay-specific; request counts, durations and handles are
+/// in the [`Accounting`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counters {
+    /// Kernel requests forwarded to the daemon.
+    pub forwarded: u64,
+    /// Daemon replies written to the kernel.
+    pub replies: u64,
+    /// Requests refused by the door with ESHUTDOWN while draining.
+    pub door_refused: u64,
+    /// Requests answered EIO by the relay because the daemon was gone or being stopped.
+    pub answered_daemon_gone: u64,
+    /// Requests answered EIO because the relay could not forward them (EMSGSIZE, send error).
+    pub answered_send_failed: u64,
+    /// Replies the kernel no longer wanted (ENOENT: request aborted or interrupted).
+    pub kernel_enoent: u64,
+    /// Notifications (`unique == 0`) written to the kernel.
+    pub notifications: u64,
+    /// Notifications the kernel rejected (its errno is logged).
+    pub notification_errors: u64,
+    /// Interrupt replies (`unique & 1`) passed through.
+    pub interrupt_replies: u64,
+    /// FORGET and BATCH_FORGET messages forwarded (no reply expected, never in flight).
+    pub forgets: u64,
+    /// Malformed messages (a header whose length does not match the bytes read).
+    pub protocol_errors: u64,
+    /// Replies for a `unique` the relay had no record of.
+    pub unknown_replies: u64,
+}
+
+/// The relay's state. See the module doc for the counting invariant.
+#[derive(Debug)]
+pub struct Inflight {
+    acct: Arc<Accounting>,
+    pending: HashMap<u64, Pending>,
+    /// (mode, fh) -> one guard per open that returned that fh (daemons such as libfuse's
+    /// examples return fh 0 for every open).
+    handles: HashMap<(HandleMode, u64), Vec<HandleGuard>>,
+    stopping: bool,
+    daemon_gone: bool,
+    /// Counters.
+    pub counters: Counters,
+}
+
+impl Inflight {
+    /// Empty state counting into `acct`.
+    pub fn new(acct: Arc<Accounting>) -> Self {
+        Inflight {
+            acct,
+            pending: HashMap::new(),
+            handles: HashMap::new(),
+            stopping: false,
+            daemon_gone: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Decides what to do with a kernel request. `guard` counts it (taken before `door_open`
+    /// was read); it is kept in the in-flight map when the request is forwarded and expects a
+    /// reply, and dropped otherwise. RELEASE/RELEASEDIR drop their handle's guard here, at the
+    /// request (the kernel considers the file closed once it sends RELEASE).
+    pub fn admit(
+        &mut self,
+        h: &InHeader,
+        body: &[u8],
+        mut guard: OwnedOpGuard,
+        door_open: bool,
+    ) -> Admit {
+        if matches!(h.opcode, Opcode::Release | Opcode::Releasedir) {
+            self.remove_handle(h.opcode, body);
+        }
+        if !h.opcode.expects_reply() {
+            if self.daemon_gone || self.stopping {
+                return Admit::Drop;
+            }
+            if matches!(h.opcode, Opcode::Forget | Opcode::BatchForget) {
+                self.counters.forgets += 1;
+            }
+            self.counters.forwarded += 1;
+            return Admit::Forward;
+        }
+        if self.daemon_gone || self.stopping {
+            guard.fail();
+            self.counters.answered_daemon_gone += 1;
+            return Admit::Reply(libc::EIO);
+        }
+        if !door_open && h.opcode.is_door_guarded() {
+            guard.fail();
+            self.counters.door_refused += 1;
+            return Admit::Reply(libc::ESHUTDOWN);
+        }
+        let opens = match h.opcode {
+            Opcode::Open | Opcode::Create | Opcode::Tmpfile => {
+                let flags = proto::open_flags(body).unwrap_or(0);
+                Some(if proto::is_write_intent(flags) {
+                    HandleMode::Write
+                } else {
+                    HandleMode::Read
+                })
+            }
+            Opcode::Opendir => Some(HandleMode::Dir),
+            _ => None,
+        };
+        self.pending.insert(
+            h.unique,
+            Pending {
+                opcode: h.opcode,
+                opens,
+                guard,
+            },
+        );
+        self.counters.forwarded += 1;
+        Admit::Forward
+    }
+
+    fn remove_handle(&mut self, opcode: Opcode, body: &[u8]) {
+        let Some(fh) = proto::release_fh(body) else {
+            return;
+        };
+        // fuse_release_in: fh, then the flags the file was opened with.
+        let flags = proto::u32_at(body, 8).unwrap_or(0);
+        let modes: &[HandleMode] = if opcode == Opcode::Releasedir {
+            &[HandleMode::Dir]
+        } else if proto::is_write_intent(flags) {
+            &[HandleMode::Write, HandleMode::Read]
+        } else {
+            &[HandleMode::Read, HandleMode::Write]
+        };
+        for mode in modes {
+            if let Some(v) = self.handles.get_mut(&(*mode, fh)) {
+                v.pop();
+                if v.is_empty() {
+                    self.handles.remove(&(*mode, fh));
+                }
+                return;
+            }
+        }
+    }
+
+    /// Looks at a daemon reply before it is written to the kernel: returns the opcode of the
+    /// request it answers (`None` for an unknown `unique`), and counts the handle a successful
+    /// OPEN/CREATE/OPENDIR reply creates, so that it is known before the kernel can send its
+    /// RELEASE and before the request stops counting.
+    pub fn on_reply(&mut self, unique: u64, error: i32, body: &[u8]) -> Option<Opcode> {
+        let Some(p) = self.pending.get_mut(&unique) else {
+            self.counters.unknown_replies += 1;
+            return None;
+        };
+        if error != 0 {
+            p.fail();
+        } else if let Some(mode) = p.opens
+            && let Some(fh) = proto::reply_fh(p.opcode, body)
+        {
+            let g = self.acct.handle(mode);
+            self.handles.entry((mode, fh)).or_default().push(g);
+        }
+        Some(p.opcode)
+    }
+
+    /// Marks a request finished (its reply was written to the kernel, or it was answered by
+    /// the relay): it stops counting. Returns whether it was in flight.
+    pub fn complete(&mut self, unique: u64) -> bool {
+        self.pending.remove(&unique).is_some()
+    }
+
+    /// Takes one request out of the in-flight map, for the caller to answer it with an error
+    /// (still counted until the returned value is dropped).
+    pub fn take(&mut self, unique: u64) -> Option<Pending> {
+        self.pending.remove(&unique)
+    }
+
+    /// The relay is stopping the daemon (SHUT_WR): later requests are answered EIO.
+    pub fn begin_stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether [`Inflight::begin_stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// The daemon is gone: later requests are answered EIO. Returns every in-flight request
+    /// (removed from the map, still counted until dropped), for the caller to answer EIO.
+    pub fn daemon_gone(&mut self) -> Vec<(u64, Pending)> {
+        self.daemon_gone = true;
+        let mut all: Vec<(u64, Pending)> = self.pending.drain().collect();
+        all.sort_by_key(|(u, _)| *u);
+        all
+    }
+
+    /// Whether [`Inflight::daemon_gone`] was called.
+    pub fn is_daemon_gone(&self) -> bool {
+        self.daemon_gone
+    }
+
+    /// The kernel side is gone: no RELEASE will ever come, so every handle stops counting.
+    /// Returns how many there were.
+    pub fn release_all_handles(&mut self) -> usize {
+        let n = self.handles.values().map(Vec::len).sum();
+        self.handles.clear();
+        n
+    }
+
+    /// Requests awaiting a reply.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::Outstanding;
+    use crate::relay::proto::tests::request;
+
+    fn hdr(m: &[u8]) -> InHeader {
+        InHeader::parse(m).unwrap()
+    }
+
+    struct T {
+        acct: Arc<Accounting>,
+        s: Inflight,
+    }
+
+    impl T {
+        fn new() -> T {
+            let acct = Accounting::new();
+            T {
+                s: Inflight::new(Arc::clone(&acct)),
+                acct,
+            }
+        }
+
+        /// Counts, reads the door, admits: in the engine's order.
+        fn admit(&mut self, opcode: u32, unique: u64, body: &[u8]) -> Admit {
+            let m = request(opcode, unique, 1, body);
+            let h = hdr(&m);
+            let g = self.acct.op_owned(accounting_op(h.opcode));
+            let door = self.acct.door_open();
+            self.s.admit(&h, InHeader::body(&m), g, door)
+        }
+
+        fn out(&self) -> Outstanding {
+            self.acct.outstanding()
+        }
+    }
+
+    fn open_in(flags: i32) -> Vec<u8> {
+        let mut b = (flags as u32).to_le_bytes().to_vec();
+        b.extend_from_slice(&[0; 4]);
+        b
+    }
+
+    fn release_in(fh: u64, flags: i32) -> Vec<u8> {
+        let mut b = fh.to_le_bytes().to_vec();
+        b.extend_from_slice(&(flags as u32).to_le_bytes());
+        b.extend_from_slice(&[0; 12]);
+        b
+    }
+
+    fn open_out(fh: u64) -> Vec<u8> {
+        let mut b = fh.to_le_bytes().to_vec();
+        b.extend_from_slice(&[0; 8]);
+        b
+    }
+
+    fn in_flight(t: &T, op: Op) -> i64 {
+        t.acct
+            .op_stats(op)
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn no_reply_opcodes_are_never_in_flight() {
+        let mut t = T::new();
+        for (op, u) in [(2, 2), (42, 4), (36, 7), (41, 8)] {
+            assert_eq!(t.admit(op, u, &[0; 16]), Admit::Forward);
+        }
+        assert_eq!(t.out().in_flight, 0);
+        assert_eq!(t.s.counters.forgets, 2);
+        let forgets = t
+            .acct
+            .op_stats(Op::Forget)
+            .count
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(forgets, 2);
+        // Unknown opcodes expect a reply, counted as `other`.
+        assert_eq!(t.admit(9999, 10, &[]), Admit::Forward);
+        assert_eq!(in_flight(&t, Op::Other), 1);
+        assert_eq!(t.out().in_flight, 1);
+    }
+
+    #[test]
+    fn handles_follow_open_replies_and_release_requests() {
+        let mut t = T::new();
+        assert_eq!(t.admit(14, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
+        assert_eq!(t.admit(14, 4, &open_in(libc::O_RDONLY)), Admit::Forward);
+        assert_eq!(t.admit(27, 6, &open_in(0)), Admit::Forward);
+        assert_eq!(t.admit(14, 8, &open_in(libc::O_RDWR)), Admit::Forward);
+        let o = t.out();
+        assert_eq!((o.in_flight, o.open_write), (4, 0));
+        // Successful replies create handles (the same fh 0 twice, as libfuse examples do),
+        // counted before the request stops counting.
+        assert_eq!(t.s.on_reply(2, 0, &open_out(0)), Some(Opcode::Open));
+        assert_eq!((t.out().in_flight, t.out().open_write), (4, 1));
+        assert!(t.s.on_reply(4, 0, &open_out(0)).is_some());
+        assert!(t.s.on_reply(6, 0, &open_out(0)).is_some());
+        // A failed open creates none and counts an error.
+        assert!(t.s.on_reply(8, -libc::EACCES, &[]).is_some());
+        for u in [2, 4, 6, 8] {
+            assert!(t.s.complete(u));
+        }
+        assert!(!t.s.complete(2));
+        let errors = t
+            .acct
+            .op_stats(Op::Open)
+            .errors
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(errors, 1);
+        let o = t.out();
+        assert_eq!(
+            (o.in_flight, o.open_read, o.open_write, o.open_dirs),
+            (0, 1, 1, 1)
+        );
+        assert!(!o.is_idle());
+        // RELEASE (a request) removes the write handle at once, before its reply.
+        assert_eq!(
+            t.admit(18, 10, &release_in(0, libc::O_WRONLY)),
+            Admit::Forward
+        );
+        let o = t.out();
+        assert_eq!((o.in_flight, o.open_write, o.open_read), (1, 0, 1));
+        t.s.complete(10);
+        t.admit(29, 12, &release_in(0, 0));
+        t.s.complete(12);
+        t.admit(18, 14, &release_in(0, 0));
+        t.s.complete(14);
+        assert!(t.out().is_idle());
+    }
+
+    #[test]
+    fn door_refuses_namespace_changes_only_after_closing() {
+        let mut t = T::new();
+        assert_eq!(t.admit(35, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
+        t.acct.close_door();
+        for op in [14, 35, 9, 8, 6, 13, 12, 45, 51] {
+            assert_eq!(
+                t.admit(op, 100 + u64::from(op) * 2, &open_in(0)),
+                Admit::Reply(libc::ESHUTDOWN),
+                "opcode {op}"
+            );
+        }
+        // Work on existing handles still flows: WRITE, FLUSH, FSYNC, RELEASE, GETATTR.
+        for (op, u) in [(16, 4), (25, 6), (20, 8), (18, 10), (3, 12)] {
+            assert_eq!(t.admit(op, u, &[0; 24]), Admit::Forward);
+        }
+        let (closed, o) = t.acct.observe();
+        assert!(closed);
+        assert_eq!(o.in_flight, 6);
+        assert_eq!(in_flight(&t, Op::Flush) + in_flight(&t, Op::Fsync), 2);
+        assert_eq!(t.s.counters.door_refused, 9);
+    }
+
+    #[test]
+    fn daemon_gone_returns_everything_in_flight_and_fails_later_requests() {
+        let mut t = T::new();
+        t.admit(15, 2, &[]);
+        t.admit(25, 4, &[]);
+        t.admit(2, 6, &[0; 8]);
+        let gone = t.s.daemon_gone();
+        assert_eq!(gone.iter().map(|(u, _)| *u).collect::<Vec<_>>(), vec![2, 4]);
+        assert_eq!(t.out().in_flight, 2, "counted until answered");
+        drop(gone);
+        assert_eq!(t.out().in_flight, 0);
+        assert_eq!(t.admit(3, 8, &[]), Admit::Reply(libc::EIO));
+        assert_eq!(t.admit(2, 10, &[0; 8]), Admit::Drop);
+        assert_eq!(t.out().in_flight, 0);
+    }
+
+    #[test]
+    fn stopping_answers_eio_and_kernel_gone_releases_handles() {
+        let mut t = T::new();
+        t.admit(14, 2, &open_in(libc::O_WRONLY));
+        t.s.on_reply(2, 0, &open_out(5));
+        t.s.complete(2);
+        assert_eq!(t.out().open_write, 1);
+        t.s.begin_stop();
+        assert_eq!(t.admit(1, 4, &[]), Admit::Reply(libc::EIO));
+        assert_eq!(t.admit(36, 5, &[0; 8]), Admit::Drop);
+        assert_eq!(t.s.counters.answered_daemon_gone, 1);
+        assert_eq!(t.s.release_all_handles(), 1);
+        assert!(t.out().is_idle());
+    }
+}

@@ -1,0 +1,345 @@
+//! The process side of relay mode: finds or creates the FUSE connection, builds the
+//! socketpair, and starts the daemon on it ([`prepare`]); the lifecycle
+//! ([`crate::lifecycle`]) then starts the engine and drives everything else, exactly as for
+//! the passthrough mount.
+//!
+//! The connection is either inherited (`drainfs relay`, the CSI driver's `/dev/fd/N`) or
+//! mounted here (`drainfs run --relay`: `/dev/fuse` opened and mounted with `fd=N`).
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::sys::socket::{
+    AddressFamily, SockFlag, SockType, getsockopt, setsockopt, socketpair, sockopt,
+};
+use nix::sys::wait::WaitStatus;
+
+use super::engine::Limits;
+use crate::config::{LowerProcess, RelayConnection, RunConfig};
+use crate::drain::ExitCode;
+use crate::procs;
+
+/// The fd number the daemon finds its socket end at (`/dev/fd/3`, as the CSI driver passes).
+pub const DAEMON_FD: RawFd = 3;
+/// The kernel fd is moved to this number or above.
+pub const HIGH_FD: RawFd = 100;
+
+/// A relay ready to start: the connection, the socketpair's relay end, and the daemon running
+/// on the other end.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The FUSE connection (CLOEXEC, at [`HIGH_FD`] or above).
+    pub kernel: OwnedFd,
+    /// The relay's end of the socketpair (blocking).
+    pub relay_end: OwnedFd,
+    /// Sizes from the socket buffers obtained and `--max-message`.
+    pub limits: Limits,
+    /// The SO_SNDBUF requested.
+    pub requested: usize,
+    /// The daemon's PID.
+    pub pid: i32,
+    /// The daemon's exit status, from the reaper.
+    pub exit: tokio::sync::oneshot::Receiver<WaitStatus>,
+    /// The daemon's command line as run.
+    pub argv: Vec<OsString>,
+    /// The mount drainfs made itself (self-mounted relay, by mount ID), to unmount at the end.
+    pub mounted: Option<crate::mount::MountInfo>,
+}
+
+/// Finds or mounts the connection, creates the socketpair and starts the daemon. Must run on
+/// the main thread (PR_SET_PDEATHSIG follows the thread that forked). `cfg.relay` must be
+/// set and `cfg.lifecycle.lower_process` must be `Spawn`.
+///
+/// # Errors
+/// The exit status and a one-line message: usage (no `/dev/fd/N` argument, an fd that is not
+/// open), failed (`/dev/fuse` or the mount, the socketpair), lower failed (the daemon did not
+/// start). Anything mounted here is unmounted again on error.
+pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
+    let usage = |e: String| (ExitCode::Usage, e);
+    let Some(opts) = cfg.relay.as_ref() else {
+        return Err(usage("not in relay mode".into()));
+    };
+    let LowerProcess::Spawn { argv } = &cfg.lifecycle.lower_process else {
+        return Err(usage(
+            "relay mode needs the daemon's command (-- COMMAND ARGS... /dev/fd/N)".into(),
+        ));
+    };
+    let (kernel, argv, mounted) = match opts.connection {
+        RelayConnection::Inherited { fd } => {
+            let (kfd, argv) = plan_argv(argv, fd).map_err(usage)?;
+            (take_fd(kfd).map_err(usage)?, argv, None)
+        }
+        RelayConnection::SelfMounted => {
+            let (_, argv) = plan_argv(argv, None).map_err(usage)?;
+            let (kernel, m) = mount_fuse(&cfg.fs.mountpoint).map_err(|e| (ExitCode::Failed, e))?;
+            (kernel, argv, Some(m))
+        }
+    };
+    let undo = |e: (ExitCode, String)| {
+        if let Some(m) = &mounted {
+            let _ = crate::mount::unmount_mount(m, true, std::time::Duration::from_secs(1));
+        }
+        e
+    };
+    let requested = opts.socket_buffer.or_else(wmem_max).unwrap_or(212_992);
+    let p = plumb(kernel, requested).map_err(|e| undo((ExitCode::Failed, e)))?;
+    let limits = Limits::from_sndbufs(p.sndbuf_relay, p.sndbuf_daemon, opts.max_message);
+    tracing::info!(
+        kernel_fd = p.kernel.as_raw_fd(),
+        requested,
+        sndbuf_relay = p.sndbuf_relay,
+        sndbuf_daemon = p.sndbuf_daemon,
+        cap = ?limits.cap,
+        buffer_cap = ?limits.buffer_cap,
+        max_message = opts.max_message,
+        "relay: socketpair ready"
+    );
+    if limits
+        .buffer_cap
+        .is_some_and(|b| b < opts.max_message / super::init::PAGE * super::init::PAGE)
+    {
+        tracing::warn!(
+            max_message = opts.max_message,
+            cap = ?limits.cap,
+            "relay: --max-message is larger than the socket buffers carry; capped"
+        );
+    }
+    let (pid, exit) = spawn_daemon(&argv, &p.daemon_end).map_err(|e| {
+        undo((
+            ExitCode::LowerFailed,
+            format!("cannot start {}: {e}", argv[0].to_string_lossy()),
+        ))
+    })?;
+    drop(p.daemon_end);
+    tracing::info!(pid, daemon = %argv[0].to_string_lossy(), "relay: daemon started");
+    Ok(Prepared {
+        kernel: p.kernel,
+        relay_end: p.relay_end,
+        limits,
+        requested,
+        pid: pid as i32,
+        exit,
+        argv,
+        mounted,
+    })
+}
+
+/// Takes ownership of the inherited fd `kfd` and moves it to [`HIGH_FD`] or above with
+/// FD_CLOEXEC (the daemon must never inherit the FUSE connection).
+fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
+    fcntl_check(kfd)?;
+    // SAFETY: `kfd` is open (checked above) and was inherited; nothing else in this process
+    // owns it, so taking ownership (and closing it once duplicated) is sound.
+    let inherited = unsafe { OwnedFd::from_raw_fd(kfd) };
+    to_high_fd(inherited)
+}
+
+fn to_high_fd(fd: OwnedFd) -> Result<OwnedFd, String> {
+    let high = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(HIGH_FD))
+        .map_err(|e| format!("cannot move fd {}: {e}", fd.as_raw_fd()))?;
+    drop(fd);
+    // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// Opens `/dev/fuse` and mounts `mountpoint` on it ([`crate::mount::mount_fuse`]: fstype
+/// `fuse.drainfs`, source `drainfs`, `fd=N,rootmode=40000,user_id=U,group_id=G,
+/// default_permissions,allow_other`, nosuid, nodev, noatime). Returns the connection (moved
+/// to [`HIGH_FD`] or above, CLOEXEC) and the new mount.
+///
+/// # Errors
+/// A one-line message with the errno of `open` (ENOENT: no FUSE module) or `mount` (EPERM:
+/// not privileged).
+pub fn mount_fuse(mountpoint: &Path) -> Result<(OwnedFd, crate::mount::MountInfo), String> {
+    let (fd, m) = crate::mount::mount_fuse(mountpoint, "drainfs", "drainfs")
+        .map_err(|e| format!("cannot mount {}: {e}", mountpoint.display()))?;
+    let fd = to_high_fd(fd)?;
+    tracing::info!(mountpoint = %mountpoint.display(), mount_id = m.id, "relay: mounted the FUSE connection");
+    Ok((fd, m))
+}
+
+/// Finds the kernel fd and the daemon's argv: the one `/dev/fd/N` argument names the kernel
+/// fd (unless `kernel_fd` overrides it) and is rewritten to `/dev/fd/3`.
+///
+/// # Errors
+/// A message for: an empty command, no `/dev/fd/N` argument and no override, more than one,
+/// or an N that is not a number.
+pub fn plan_argv(
+    argv: &[OsString],
+    kernel_fd: Option<RawFd>,
+) -> Result<(RawFd, Vec<OsString>), String> {
+    if argv.is_empty() {
+        return Err("no daemon command given (drainfs relay -- COMMAND ARGS... /dev/fd/N)".into());
+    }
+    let mut found: Vec<(usize, RawFd)> = Vec::new();
+    for (i, a) in argv.iter().enumerate().skip(1) {
+        if let Some(rest) = a.as_bytes().strip_prefix(b"/dev/fd/") {
+            let n = std::str::from_utf8(rest)
+                .ok()
+                .and_then(|s| s.parse::<RawFd>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| format!("`{}` does not name an fd", a.to_string_lossy()))?;
+            found.push((i, n));
+        }
+    }
+    if found.len() > 1 {
+        return Err("more than one /dev/fd/N argument; pass --kernel-fd".into());
+    }
+    let kfd = match (kernel_fd, found.first()) {
+        (Some(k), _) => k,
+        (None, Some((_, n))) => *n,
+        (None, None) => {
+            return Err(
+                "no /dev/fd/N argument names the FUSE connection (or pass --kernel-fd N)".into(),
+            );
+        }
+    };
+    let mut out = argv.to_vec();
+    if let Some((i, _)) = found.first() {
+        out[*i] = OsString::from(format!("/dev/fd/{DAEMON_FD}"));
+    }
+    Ok((kfd, out))
+}
+
+/// `net.core.wmem_max`, the most an unprivileged SO_SNDBUF can get (before doubling).
+pub fn wmem_max() -> Option<usize> {
+    std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The fds of a relay before the daemon starts.
+struct Plumbing {
+    kernel: OwnedFd,
+    relay_end: OwnedFd,
+    daemon_end: OwnedFd,
+    sndbuf_relay: usize,
+    sndbuf_daemon: usize,
+}
+
+fn plumb(kernel: OwnedFd, socket_buffer: usize) -> Result<Plumbing, String> {
+    let (relay_end, daemon_end) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| format!("socketpair: {e}"))?;
+    for end in [&relay_end, &daemon_end] {
+        // Failures leave the defaults, which the read-back below reports.
+        let _ = setsockopt(end, sockopt::SndBuf, &socket_buffer);
+        let _ = setsockopt(end, sockopt::RcvBuf, &socket_buffer);
+    }
+    let sndbuf_relay = getsockopt(&relay_end, sockopt::SndBuf).map_err(|e| e.to_string())?;
+    let sndbuf_daemon = getsockopt(&daemon_end, sockopt::SndBuf).map_err(|e| e.to_string())?;
+    Ok(Plumbing {
+        kernel,
+        relay_end,
+        daemon_end,
+        sndbuf_relay,
+        sndbuf_daemon,
+    })
+}
+
+fn fcntl_check(fd: RawFd) -> Result<(), String> {
+    // SAFETY: F_GETFD only inspects the descriptor table; an unknown fd gives EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!(
+            "fd {fd} (the FUSE connection) is not open in this process"
+        ));
+    }
+    Ok(())
+}
+
+/// Spawns the daemon with `daemon_end` as fd 3 (blocking, CLOEXEC cleared), stdin null,
+/// stdout/stderr inherited, and PR_SET_PDEATHSIG(SIGKILL). Must run on the main thread: the
+/// death signal follows the thread that forked, not the process.
+fn spawn_daemon(
+    argv: &[OsString],
+    daemon_end: &OwnedFd,
+) -> std::io::Result<(u32, tokio::sync::oneshot::Receiver<WaitStatus>)> {
+    use std::os::unix::process::CommandExt;
+    let src = daemon_end.as_raw_fd();
+    let parent = std::process::id() as libc::pid_t;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).stdin(Stdio::null());
+    // SAFETY: only async-signal-safe calls (dup2, fcntl, prctl, getppid, kill) between fork
+    // and exec; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            if src == DAEMON_FD {
+                let flags = libc::fcntl(DAEMON_FD, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(DAEMON_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(src, DAEMON_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // drainfs died between fork and prctl: the signal will never come.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let (child, rx) = procs::spawn(&mut cmd)?;
+    Ok((child.id(), rx))
+}
+
+/// Whether `arg0`'s basename is `gcsfuse` (the drop-in entry point).
+pub fn is_gcsfuse_dropin(arg0: &OsStr) -> bool {
+    std::path::Path::new(arg0)
+        .file_name()
+        .is_some_and(|n| n == "gcsfuse")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn argv_plans() {
+        let (k, a) = plan_argv(
+            &os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/7"]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(k, 7);
+        assert_eq!(a, os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/3"]));
+        let (k, a) = plan_argv(&os(&["d", "/dev/fd/3"]), Some(9)).unwrap();
+        assert_eq!((k, a), (9, os(&["d", "/dev/fd/3"])));
+        let (k, a) = plan_argv(&os(&["d", "x"]), Some(9)).unwrap();
+        assert_eq!((k, a), (9, os(&["d", "x"])));
+        for bad in [
+            os(&[]),
+            os(&["d", "x"]),
+            os(&["d", "/dev/fd/3", "/dev/fd/4"]),
+            os(&["d", "/dev/fd/x"]),
+            os(&["d", "/dev/fd/-1"]),
+        ] {
+            assert!(plan_argv(&bad, None).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn dropin_names() {
+        assert!(is_gcsfuse_dropin(OsStr::new("/gcsfuse")));
+        assert!(is_gcsfuse_dropin(OsStr::new("gcsfuse")));
+        assert!(!is_gcsfuse_dropin(OsStr::new("/usr/bin/drainfs")));
+        assert!(!is_gcsfuse_dropin(OsStr::new("gcsfuse.real")));
+    }
+}
