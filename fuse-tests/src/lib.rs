@@ -4,3 +4,4 @@
 pub mod bucket;
 pub mod harness;
 pub mod lowers;
+pub mod relay;
