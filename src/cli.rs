@@ -37,6 +37,10 @@ pub enum Command {
     /// Mount a passthrough view of LOWER at MOUNTPOINT and serve it until a shutdown trigger;
     /// with `-- COMMAND...`, start the lower's process (e.g. gcsfuse) first and stop it last.
     Run(Box<RunArgs>),
+    /// Relay an already-mounted FUSE connection (the one `/dev/fd/N` argument of COMMAND, as
+    /// the GKE CSI driver passes it) to COMMAND over a socketpair given to it as `/dev/fd/3`;
+    /// on a trigger, drain, stop COMMAND by closing its socket, and exit with its status.
+    Relay(Box<RelayArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
         /// Control socket of the running drainfs.
@@ -192,6 +196,112 @@ pub struct RunArgs {
     /// The lower's process and its arguments, e.g. `gcsfuse --foreground BUCKET LOWER`.
     #[arg(last = true, id = "command")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// Arguments of `drainfs relay`.
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The inherited FUSE connection fd (default: N of the command's `/dev/fd/N` argument).
+    #[arg(long, env = "DRAINFS_KERNEL_FD", help_heading = HEADING_FS)]
+    pub kernel_fd: Option<i32>,
+
+    /// SO_SNDBUF/SO_RCVBUF to request on both ends of the socketpair, bytes (default:
+    /// net.core.wmem_max). The message-size cap follows from what the kernel grants.
+    #[arg(long, env = "DRAINFS_SOCKET_BUFFER", help_heading = HEADING_FS)]
+    pub socket_buffer: Option<usize>,
+
+    /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
+    #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
+    pub exit_files: Vec<PathBuf>,
+
+    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
+    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
+    pub watch_pid: Option<i32>,
+
+    /// Accepted for symmetry with `run`: in relay mode SIGTERM always means the workload is gone.
+    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
+    pub native_sidecar: bool,
+
+    /// Time from the first trigger to the SIGKILL that ends the relay (the GKE sidecar kills
+    /// 5 s after its SIGTERM). Accepts `5`, `5s`, `1500ms`.
+    #[arg(long, env = "DRAINFS_GRACE_PERIOD", value_parser = parse_duration, default_value = "5s", help_heading = HEADING_SHUTDOWN)]
+    pub grace_period: Duration,
+
+    /// How long before the end of the grace period the drain gives up. Default: a tenth of
+    /// the grace period, between 250ms and 3s.
+    #[arg(long, env = "DRAINFS_GRACE_MARGIN", value_parser = parse_duration, help_heading = HEADING_SHUTDOWN)]
+    pub grace_margin: Option<Duration>,
+
+    /// Write the JSON shutdown summary here (atomically).
+    #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
+    pub summary_file: Option<PathBuf>,
+
+    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`).
+    #[arg(long, env = "DRAINFS_TERMINATION_LOG", help_heading = HEADING_SHUTDOWN)]
+    pub termination_log: Option<PathBuf>,
+
+    /// Log format.
+    #[arg(long, env = "DRAINFS_LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text, help_heading = HEADING_OBS)]
+    pub log_format: LogFormatArg,
+
+    /// Log level or filter (`info`, `drainfs=debug`); `RUST_LOG` is used when this is unset.
+    #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
+    pub log_level: Option<String>,
+
+    /// Admin HTTP address (accepted; not yet served in relay mode).
+    #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
+    pub admin_addr: Option<SocketAddr>,
+
+    /// Control socket (accepted; not yet served in relay mode).
+    #[arg(long, env = "DRAINFS_CONTROL_SOCKET", help_heading = HEADING_OBS)]
+    pub control_socket: Option<PathBuf>,
+
+    /// Write this file atomically once INIT went through; remove it when draining begins.
+    #[arg(long, env = "DRAINFS_READY_FILE", help_heading = HEADING_OBS)]
+    pub ready_file: Option<PathBuf>,
+
+    /// The daemon and its arguments, e.g. `gcsfuse --foreground BUCKET /dev/fd/3`.
+    #[arg(last = true, required = true, id = "command")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RelayArgs {
+    /// Converts the parsed arguments into the relay's configuration.
+    pub fn into_config(self) -> crate::relay::run::RelayConfig {
+        let grace_margin = self.grace_margin.unwrap_or_else(|| {
+            (self.grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
+        });
+        crate::relay::run::RelayConfig {
+            argv: self.command.clone(),
+            kernel_fd: self.kernel_fd,
+            socket_buffer: self.socket_buffer,
+            lifecycle: LifecycleConfig {
+                lower_process: LowerProcess::Spawn { argv: self.command },
+                lower_ready_timeout: Duration::ZERO,
+                lower_signal: nix::sys::signal::Signal::SIGTERM,
+                exit_files: self.exit_files,
+                watch_pid: self.watch_pid,
+                native_sidecar: true,
+                quiet_period: Duration::ZERO,
+                grace_period: self.grace_period,
+                grace_margin,
+                summary_file: self.summary_file,
+                termination_log: self.termination_log,
+                ready_file: self.ready_file,
+            },
+            admin: AdminConfig {
+                admin_addr: self.admin_addr,
+                control_socket: self.control_socket,
+            },
+            log: LogConfig {
+                format: match self.log_format {
+                    LogFormatArg::Text => LogFormat::Text,
+                    LogFormatArg::Json => LogFormat::Json,
+                },
+                level: self.log_level,
+            },
+        }
+    }
 }
 
 /// `--passthrough` values.

@@ -139,7 +139,7 @@ pub fn client(cmd: Command) -> i32 {
         level: None,
     });
     match cmd {
-        Command::Run(_) => EXIT_USAGE,
+        Command::Run(_) | Command::Relay(_) => EXIT_USAGE,
         Command::Status {
             control_socket,
             json,

@@ -15,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mount;
 pub mod procs;
+pub mod relay;
 pub mod run;
 pub mod signals;
 pub mod summary;

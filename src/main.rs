@@ -4,7 +4,18 @@ use clap::Parser;
 use drainfs::cli::{Cli, Command};
 
 fn main() {
-    let cli = match Cli::try_parse() {
+    // Drop-in for the gcsfuse binary: `gcsfuse ARGS...` runs `drainfs relay -- REAL ARGS...`.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .first()
+        .is_some_and(|a0| drainfs::relay::run::is_gcsfuse_dropin(a0))
+    {
+        let real = std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
+        let rest = args.split_off(1);
+        args = vec!["drainfs".into(), "relay".into(), "--".into(), real];
+        args.extend(rest);
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -20,6 +31,7 @@ fn main() {
             let native = std::env::var("NATIVE_SIDECAR").ok();
             drainfs::run::main(args.into_config(native.as_deref()), drainfs::admin::start)
         }
+        Command::Relay(args) => drainfs::relay::run::main(args.into_config()),
         other => drainfs::control::client(other),
     };
     std::process::exit(code);

@@ -1,0 +1,364 @@
+//! Engine tests in the EdenFS FakeFuse style: a SEQPACKET socketpair stands in for
+//! `/dev/fuse` (the test plays the kernel on one end) and a scripted fake daemon holds the
+//! other end of the relay's socketpair.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socketpair};
+
+use super::*;
+use crate::relay::proto::tests::{reply, request};
+use crate::relay::proto::{put_u16, put_u32, u16_at, u32_at};
+
+const T: Duration = Duration::from_secs(5);
+
+struct Harness {
+    kernel: OwnedFd,
+    daemon: Option<OwnedFd>,
+    relay: Arc<Relay>,
+    events: mpsc::Receiver<EngineEvent>,
+}
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap()
+}
+
+fn start_with(limits: Limits) -> Harness {
+    let (k_test, k_relay) = pair();
+    let (d_relay, d_test) = pair();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let (relay, _threads) = Relay::start(k_relay, d_relay, limits, move |ev| {
+        let _ = tx.lock().unwrap().send(ev);
+    })
+    .unwrap();
+    Harness {
+        kernel: k_test,
+        daemon: Some(d_test),
+        relay,
+        events: rx,
+    }
+}
+
+fn start() -> Harness {
+    start_with(Limits::from_sndbufs(425_984, 425_984))
+}
+
+/// One message from `fd` within `T`, or `None` on timeout; `Some(vec![])` is EOF.
+fn recv_within(fd: &OwnedFd, t: Duration) -> Option<Vec<u8>> {
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let n = poll(
+        &mut fds,
+        PollTimeout::try_from(t.as_millis() as i32).unwrap(),
+    )
+    .unwrap();
+    if n == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; 1 << 21];
+    let n = nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+    buf.truncate(n);
+    Some(buf)
+}
+
+fn recv(fd: &OwnedFd) -> Vec<u8> {
+    recv_within(fd, T).expect("no message within 5 s")
+}
+
+fn send(fd: &OwnedFd, msg: &[u8]) {
+    nix::sys::socket::send(fd.as_raw_fd(), msg, MsgFlags::empty()).unwrap();
+}
+
+impl Harness {
+    fn d(&self) -> &OwnedFd {
+        self.daemon.as_ref().unwrap()
+    }
+
+    fn event(&self) -> EngineEvent {
+        self.events.recv_timeout(T).expect("no engine event")
+    }
+
+    fn wait_outstanding(&self, f: impl Fn(&Outstanding) -> bool) -> Outstanding {
+        let deadline = Instant::now() + T;
+        loop {
+            let o = self.relay.outstanding();
+            if f(&o) || Instant::now() > deadline {
+                return o;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+fn unique_of(m: &[u8]) -> u64 {
+    proto::u64_at(m, 8).unwrap()
+}
+
+fn init_in(flags: u32, flags2: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    put_u32(&mut b, 0, 7);
+    put_u32(&mut b, 4, 44);
+    put_u32(&mut b, 8, 1 << 20);
+    put_u32(&mut b, 12, flags);
+    put_u32(&mut b, 16, flags2);
+    b
+}
+
+fn init_out(max_write: u32, flags: u32, max_pages: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    put_u32(&mut b, 0, 7);
+    put_u32(&mut b, 4, 34);
+    put_u32(&mut b, 12, flags);
+    put_u32(&mut b, 20, max_write);
+    put_u16(&mut b, 28, max_pages);
+    b
+}
+
+#[test]
+fn init_is_rewritten_both_ways() {
+    let h = start_with(Limits::from_sndbufs(128 * 1024 + 4096 + 32, 1 << 20));
+    let passthrough = 1 << 5;
+    send(
+        &h.kernel,
+        &request(
+            26,
+            2,
+            0,
+            &init_in(init::FUSE_INIT_EXT, passthrough | (1 << 9) | 1),
+        ),
+    );
+    let got = recv(h.d());
+    assert_eq!(
+        u32_at(&got, 40 + 16),
+        Some(1),
+        "passthrough/io_uring masked"
+    );
+    assert_eq!(u32_at(&got, 40 + 4), Some(44), "minor untouched");
+    send(
+        h.d(),
+        &reply(2, 0, &init_out(1 << 20, init::FUSE_MAX_PAGES, 256)),
+    );
+    let r = recv(&h.kernel);
+    assert_eq!(u32_at(&r, 16 + 20), Some(128 * 1024));
+    assert_eq!(u16_at(&r, 16 + 28), Some(32));
+    assert_eq!(u32_at(&r, 16 + 4), Some(34));
+    match h.event() {
+        EngineEvent::Initialized(c) => assert_eq!(c.max_write, 128 * 1024),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.relay.init_caps().unwrap().max_pages, 32);
+    assert_eq!(h.relay.outstanding().in_flight, 0);
+}
+
+#[test]
+fn init_fails_loudly_when_the_socket_is_too_small() {
+    let h = start_with(Limits::from_sndbufs(8000, 8000));
+    assert_eq!(h.relay.limits().cap, None);
+    send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
+    let r = recv(&h.kernel);
+    let oh = OutHeader::parse(&r).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
+    assert_eq!(h.event(), EngineEvent::InitFailed);
+    assert_eq!(recv_within(h.d(), Duration::from_millis(50)), None);
+}
+
+#[test]
+fn order_is_preserved_and_interrupt_replies_do_not_complete() {
+    let h = start();
+    // LOOKUP, READ, INTERRUPT(READ), FORGET, in kernel order.
+    send(&h.kernel, &request(1, 2, 1, b"name\0"));
+    send(&h.kernel, &request(15, 4, 5, &[0; 40]));
+    send(&h.kernel, &request(36, 5, 0, &4u64.to_le_bytes()));
+    send(&h.kernel, &request(2, 6, 5, &1u64.to_le_bytes()));
+    let seen: Vec<(u32, u64)> = (0..4)
+        .map(|_| {
+            let m = recv(h.d());
+            (u32_at(&m, 4).unwrap(), unique_of(&m))
+        })
+        .collect();
+    assert_eq!(seen, vec![(1, 2), (15, 4), (36, 5), (2, 6)]);
+    let o = h.wait_outstanding(|o| o.in_flight == 2);
+    assert_eq!(
+        o.in_flight, 2,
+        "LOOKUP and READ; INTERRUPT and FORGET are not in flight"
+    );
+    // The daemon asks the kernel to retry the interrupt: passed through, READ still in flight.
+    send(h.d(), &reply(5, -libc::EAGAIN, &[]));
+    let r = recv(&h.kernel);
+    assert_eq!(unique_of(&r), 5);
+    assert_eq!(h.relay.outstanding().in_flight, 2);
+    send(h.d(), &reply(2, -libc::ENOENT, &[]));
+    send(h.d(), &reply(4, 0, b"data"));
+    assert_eq!(unique_of(&recv(&h.kernel)), 2);
+    let r = recv(&h.kernel);
+    assert_eq!((unique_of(&r), &r[16..]), (4, &b"data"[..]));
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
+    let c = h.relay.counters();
+    assert_eq!((c.interrupt_replies, c.replies, c.forgets), (1, 2, 1));
+}
+
+#[test]
+fn in_flight_counts_and_handles() {
+    let h = start();
+    let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
+    open.extend_from_slice(&[0; 4]);
+    send(&h.kernel, &request(14, 2, 7, &open));
+    recv(h.d());
+    let mut out = 9u64.to_le_bytes().to_vec();
+    out.extend_from_slice(&[0; 8]);
+    send(h.d(), &reply(2, 0, &out));
+    recv(&h.kernel);
+    let o = h.wait_outstanding(|o| o.in_flight == 0);
+    assert_eq!(o.open_write, 1);
+    send(&h.kernel, &request(25, 4, 7, &[0; 24]));
+    send(&h.kernel, &request(20, 6, 7, &[0; 16]));
+    recv(h.d());
+    recv(h.d());
+    let o = h.relay.outstanding();
+    assert_eq!((o.in_flight, o.flush_fsync), (2, 2));
+    assert!(!o.is_drained());
+    // RELEASE removes the handle at the request.
+    let mut rel = 9u64.to_le_bytes().to_vec();
+    rel.extend_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
+    rel.extend_from_slice(&[0; 12]);
+    send(&h.kernel, &request(18, 8, 7, &rel));
+    recv(h.d());
+    assert_eq!(h.relay.outstanding().open_write, 0);
+    for u in [4, 6, 8] {
+        send(h.d(), &reply(u, 0, &[]));
+        recv(&h.kernel);
+    }
+    assert!(h.wait_outstanding(|o| o.is_drained()).is_drained());
+}
+
+#[test]
+fn door_answers_eshutdown_without_forwarding() {
+    let h = start();
+    h.relay.close_door();
+    for (op, u) in [(14u32, 2u64), (35, 4), (9, 6), (12, 8), (45, 10), (13, 12)] {
+        send(&h.kernel, &request(op, u, 1, &[0; 16]));
+        let r = recv(&h.kernel);
+        let oh = OutHeader::parse(&r).unwrap();
+        assert_eq!((oh.unique, oh.error, oh.len), (u, -libc::ESHUTDOWN, 16));
+    }
+    assert_eq!(recv_within(h.d(), Duration::from_millis(50)), None);
+    // Other requests still reach the daemon.
+    send(&h.kernel, &request(3, 14, 1, &[0; 16]));
+    assert_eq!(unique_of(&recv(h.d())), 14);
+    assert_eq!(h.relay.counters().door_refused, 6);
+}
+
+#[test]
+fn notifications_pass_through_and_batch_forget_is_not_counted() {
+    let h = start();
+    // NOTIFY_INVAL_ENTRY (code 3) from the daemon: unique 0, error = code.
+    send(h.d(), &reply(0, 3, &[0; 24]));
+    let r = recv(&h.kernel);
+    assert_eq!((unique_of(&r), r.len()), (0, 40));
+    let mut body = 3u32.to_le_bytes().to_vec();
+    body.extend_from_slice(&[0; 4]);
+    body.extend_from_slice(&[1; 48]);
+    send(&h.kernel, &request(42, 2, 0, &body));
+    assert_eq!(u32_at(&recv(h.d()), 4), Some(42));
+    let o = h.relay.outstanding();
+    assert_eq!(o.in_flight, 0);
+    let c = h.relay.counters();
+    assert_eq!((c.notifications, c.forgets), (1, 1));
+}
+
+#[test]
+fn daemon_eof_answers_everything_in_flight_with_eio() {
+    let mut h = start();
+    send(&h.kernel, &request(15, 2, 5, &[0; 40]));
+    send(&h.kernel, &request(25, 4, 5, &[0; 24]));
+    recv(h.d());
+    recv(h.d());
+    drop(h.daemon.take());
+    let mut got: Vec<(u64, i32)> = (0..2)
+        .map(|_| {
+            let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+            (oh.unique, oh.error)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(2, -libc::EIO), (4, -libc::EIO)]);
+    assert!(matches!(h.event(), EngineEvent::DaemonEof { .. }));
+    // Later requests fail at once.
+    send(&h.kernel, &request(3, 6, 1, &[0; 16]));
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (6, -libc::EIO));
+    assert_eq!(h.relay.outstanding().in_flight, 0);
+}
+
+#[test]
+fn stop_sends_shut_wr_and_keeps_reading_until_eof() {
+    let mut h = start();
+    send(&h.kernel, &request(25, 2, 5, &[0; 24]));
+    assert_eq!(unique_of(&recv(h.d())), 2);
+    h.relay.stop();
+    // The daemon reads EOF ...
+    assert_eq!(recv(h.d()), Vec::<u8>::new());
+    // ... a request after SHUT_WR is answered EIO by the relay ...
+    send(&h.kernel, &request(3, 4, 1, &[0; 16]));
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (4, -libc::EIO));
+    // ... and its late reply still reaches the kernel.
+    send(h.d(), &reply(2, 0, &[]));
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, 0));
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
+    drop(h.daemon.take());
+    assert_eq!(h.event(), EngineEvent::DaemonEof { reset: false });
+}
+
+#[test]
+fn kernel_gone_sends_eof_to_the_daemon() {
+    let mut h = start();
+    let k = std::mem::replace(&mut h.kernel, pair().0);
+    drop(k);
+    assert_eq!(h.event(), EngineEvent::KernelGone(Errno::ENODEV));
+    assert_eq!(recv(h.d()), Vec::<u8>::new());
+}
+
+#[test]
+fn malformed_daemon_reply_is_answered_eio() {
+    let h = start();
+    send(&h.kernel, &request(15, 2, 5, &[0; 40]));
+    recv(h.d());
+    let mut bad = reply(2, 0, &[0; 8]);
+    put_u32(&mut bad, 0, 100);
+    send(h.d(), &bad);
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
+    assert_eq!(h.relay.counters().protocol_errors, 1);
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
+}
+
+#[test]
+fn emsgsize_is_answered_eio() {
+    // Limits claim more than the socket carries: the send fails with EMSGSIZE.
+    let (k_test, k_relay) = pair();
+    let (d_relay, d_test) = pair();
+    nix::sys::socket::setsockopt(&d_relay, nix::sys::socket::sockopt::SndBuf, &4096).unwrap();
+    let (relay, _t) = Relay::start(
+        k_relay,
+        d_relay,
+        Limits::from_sndbufs(1 << 20, 1 << 20),
+        |_| {},
+    )
+    .unwrap();
+    send(&k_test, &request(16, 2, 5, &vec![0u8; 64 * 1024]));
+    let oh = OutHeader::parse(&recv(&k_test)).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
+    assert_eq!(relay.counters().answered_send_failed, 1);
+    assert_eq!(recv_within(&d_test, Duration::from_millis(50)), None);
+}

@@ -1,0 +1,17 @@
+//! Relay mode: drainfs holds an already-mounted FUSE connection fd and relays its messages to
+//! a FUSE daemon (gcsfuse) over a `SOCK_SEQPACKET` socketpair that the daemon serves as its
+//! `/dev/fd/3`. No second mount and no privileges: drainfs sees every request and reply,
+//! counts what is in flight, refuses new opens while draining, and stops the daemon by
+//! shutting down its socket (the daemon reads EOF and exits cleanly).
+//!
+//! - [`proto`]: FUSE header and body parsing (pure);
+//! - [`init`]: the message-size cap and the INIT rewrite (pure);
+//! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
+//! - [`engine`]: the two reader threads;
+//! - [`run`]: the fd plumbing, the daemon process and the lifecycle of `drainfs relay`.
+
+pub mod engine;
+pub mod inflight;
+pub mod init;
+pub mod proto;
+pub mod run;

@@ -1,0 +1,682 @@
+//! FUSE wire format, as far as the relay needs it: the request and reply headers, opcodes,
+//! and the few bodies it reads (OPEN/CREATE flags and replies, INTERRUPT, BATCH_FORGET).
+//!
+//! Layouts are the kernel's (`include/uapi/linux/fuse.h`), little-endian on every platform
+//! drainfs supports. Everything here is pure: it parses byte slices and builds byte vectors,
+//! never does I/O, and returns [`ProtoError`] for malformed input instead of panicking.
+
+use std::fmt;
+
+/// Size of `struct fuse_in_header` (kernel → daemon).
+pub const IN_HEADER_LEN: usize = 40;
+/// Size of `struct fuse_out_header` (daemon → kernel).
+pub const OUT_HEADER_LEN: usize = 16;
+/// `FUSE_INT_REQ_BIT`: set in the `unique` of INTERRUPT requests and their replies.
+pub const INT_REQ_BIT: u64 = 1;
+/// `FUSE_MIN_READ_BUFFER`: a `/dev/fuse` read with a smaller buffer fails with EINVAL.
+pub const MIN_READ_BUFFER: usize = 8192;
+/// Size of `struct fuse_entry_out` (nodeid, generation, two valid pairs, `fuse_attr`).
+pub const ENTRY_OUT_LEN: usize = 128;
+/// Size of `struct fuse_forget_one`.
+pub const FORGET_ONE_LEN: usize = 16;
+/// Size of `struct fuse_batch_forget_in`.
+pub const BATCH_FORGET_IN_LEN: usize = 8;
+
+/// FUSE opcodes (`enum fuse_opcode`). Unknown values are carried as [`Opcode::Other`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Opcode {
+    /// 1
+    Lookup,
+    /// 2: no reply.
+    Forget,
+    /// 3
+    Getattr,
+    /// 4
+    Setattr,
+    /// 5
+    Readlink,
+    /// 6
+    Symlink,
+    /// 8
+    Mknod,
+    /// 9
+    Mkdir,
+    /// 10
+    Unlink,
+    /// 11
+    Rmdir,
+    /// 12
+    Rename,
+    /// 13
+    Link,
+    /// 14
+    Open,
+    /// 15
+    Read,
+    /// 16
+    Write,
+    /// 17
+    Statfs,
+    /// 18
+    Release,
+    /// 20
+    Fsync,
+    /// 21
+    Setxattr,
+    /// 22
+    Getxattr,
+    /// 23
+    Listxattr,
+    /// 24
+    Removexattr,
+    /// 25
+    Flush,
+    /// 26
+    Init,
+    /// 27
+    Opendir,
+    /// 28
+    Readdir,
+    /// 29
+    Releasedir,
+    /// 30
+    Fsyncdir,
+    /// 31
+    Getlk,
+    /// 32
+    Setlk,
+    /// 33
+    Setlkw,
+    /// 34
+    Access,
+    /// 35
+    Create,
+    /// 36: no reply to the INTERRUPT itself (its reply, if any, is an interrupt reply).
+    Interrupt,
+    /// 37
+    Bmap,
+    /// 38
+    Destroy,
+    /// 39
+    Ioctl,
+    /// 40
+    Poll,
+    /// 41: no reply (answers a daemon's NOTIFY_RETRIEVE).
+    NotifyReply,
+    /// 42: no reply.
+    BatchForget,
+    /// 43
+    Fallocate,
+    /// 44
+    Readdirplus,
+    /// 45
+    Rename2,
+    /// 46
+    Lseek,
+    /// 47
+    CopyFileRange,
+    /// 51
+    Tmpfile,
+    /// 52
+    Statx,
+    /// Anything else (newer kernels): forwarded, a reply expected.
+    Other(u32),
+}
+
+impl Opcode {
+    /// Decodes the header's opcode field.
+    pub fn from_u32(v: u32) -> Opcode {
+        use Opcode::*;
+        match v {
+            1 => Lookup,
+            2 => Forget,
+            3 => Getattr,
+            4 => Setattr,
+            5 => Readlink,
+            6 => Symlink,
+            8 => Mknod,
+            9 => Mkdir,
+            10 => Unlink,
+            11 => Rmdir,
+            12 => Rename,
+            13 => Link,
+            14 => Open,
+            15 => Read,
+            16 => Write,
+            17 => Statfs,
+            18 => Release,
+            20 => Fsync,
+            21 => Setxattr,
+            22 => Getxattr,
+            23 => Listxattr,
+            24 => Removexattr,
+            25 => Flush,
+            26 => Init,
+            27 => Opendir,
+            28 => Readdir,
+            29 => Releasedir,
+            30 => Fsyncdir,
+            31 => Getlk,
+            32 => Setlk,
+            33 => Setlkw,
+            34 => Access,
+            35 => Create,
+            36 => Interrupt,
+            37 => Bmap,
+            38 => Destroy,
+            39 => Ioctl,
+            40 => Poll,
+            41 => NotifyReply,
+            42 => BatchForget,
+            43 => Fallocate,
+            44 => Readdirplus,
+            45 => Rename2,
+            46 => Lseek,
+            47 => CopyFileRange,
+            51 => Tmpfile,
+            52 => Statx,
+            other => Other(other),
+        }
+    }
+
+    /// The lower-case name used in logs, `/status` and metrics labels (`other` for unknown).
+    pub fn name(self) -> &'static str {
+        use Opcode::*;
+        match self {
+            Lookup => "lookup",
+            Forget => "forget",
+            Getattr => "getattr",
+            Setattr => "setattr",
+            Readlink => "readlink",
+            Symlink => "symlink",
+            Mknod => "mknod",
+            Mkdir => "mkdir",
+            Unlink => "unlink",
+            Rmdir => "rmdir",
+            Rename => "rename",
+            Link => "link",
+            Open => "open",
+            Read => "read",
+            Write => "write",
+            Statfs => "statfs",
+            Release => "release",
+            Fsync => "fsync",
+            Setxattr => "setxattr",
+            Getxattr => "getxattr",
+            Listxattr => "listxattr",
+            Removexattr => "removexattr",
+            Flush => "flush",
+            Init => "init",
+            Opendir => "opendir",
+            Readdir => "readdir",
+            Releasedir => "releasedir",
+            Fsyncdir => "fsyncdir",
+            Getlk => "getlk",
+            Setlk => "setlk",
+            Setlkw => "setlkw",
+            Access => "access",
+            Create => "create",
+            Interrupt => "interrupt",
+            Bmap => "bmap",
+            Destroy => "destroy",
+            Ioctl => "ioctl",
+            Poll => "poll",
+            NotifyReply => "notify_reply",
+            BatchForget => "batch_forget",
+            Fallocate => "fallocate",
+            Readdirplus => "readdirplus",
+            Rename2 => "rename2",
+            Lseek => "lseek",
+            CopyFileRange => "copy_file_range",
+            Tmpfile => "tmpfile",
+            Statx => "statx",
+            Other(_) => "other",
+        }
+    }
+
+    /// Whether the kernel waits for a reply to this request. FORGET, BATCH_FORGET, INTERRUPT
+    /// and NOTIFY_REPLY get none (an INTERRUPT may get an interrupt reply, which finishes
+    /// nothing). Unknown opcodes are assumed to expect one.
+    pub fn expects_reply(self) -> bool {
+        !matches!(
+            self,
+            Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt | Opcode::NotifyReply
+        )
+    }
+
+    /// Whether the door refuses this request while draining: it opens a file or changes the
+    /// namespace (OPEN, CREATE, TMPFILE, MKDIR, MKNOD, SYMLINK, LINK, RENAME, RENAME2).
+    pub fn is_door_guarded(self) -> bool {
+        matches!(
+            self,
+            Opcode::Open
+                | Opcode::Create
+                | Opcode::Tmpfile
+                | Opcode::Mkdir
+                | Opcode::Mknod
+                | Opcode::Symlink
+                | Opcode::Link
+                | Opcode::Rename
+                | Opcode::Rename2
+        )
+    }
+}
+
+/// A malformed message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    /// Fewer bytes than the header needs.
+    Short {
+        /// Bytes received.
+        got: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// The header's `len` differs from the bytes received (a framing error).
+    LengthMismatch {
+        /// The header's `len`.
+        header: u32,
+        /// Bytes received.
+        got: usize,
+    },
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::Short { got, need } => {
+                write!(
+                    f,
+                    "message of {got} bytes is shorter than its {need}-byte header"
+                )
+            }
+            ProtoError::LengthMismatch { header, got } => {
+                write!(f, "header says {header} bytes, but {got} were received")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// Reads a little-endian u32 at `off`; `None` past the end.
+pub fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+/// Reads a little-endian u16 at `off`; `None` past the end.
+pub fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off + 2)
+        .map(|s| u16::from_le_bytes([s[0], s[1]]))
+}
+
+/// Reads a little-endian u64 at `off`; `None` past the end.
+pub fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    b.get(off..off + 8).map(|s| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        u64::from_le_bytes(a)
+    })
+}
+
+/// Writes a little-endian u32 at `off` (the caller checked the length).
+pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Writes a little-endian u16 at `off` (the caller checked the length).
+pub fn put_u16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+/// The fields of `struct fuse_in_header` the relay uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InHeader {
+    /// Total message length, header included.
+    pub len: u32,
+    /// The operation.
+    pub opcode: Opcode,
+    /// Request id; bit 0 set for INTERRUPT.
+    pub unique: u64,
+    /// The inode the request is about.
+    pub nodeid: u64,
+}
+
+impl InHeader {
+    /// Parses a kernel request of exactly `msg.len()` bytes (one `/dev/fuse` read).
+    ///
+    /// # Errors
+    /// [`ProtoError::Short`] under 40 bytes, [`ProtoError::LengthMismatch`] when `len` is not
+    /// the number of bytes read.
+    pub fn parse(msg: &[u8]) -> Result<InHeader, ProtoError> {
+        let (Some(len), Some(op), Some(unique), Some(nodeid)) = (
+            u32_at(msg, 0),
+            u32_at(msg, 4),
+            u64_at(msg, 8),
+            u64_at(msg, 16),
+        ) else {
+            return Err(ProtoError::Short {
+                got: msg.len(),
+                need: IN_HEADER_LEN,
+            });
+        };
+        if msg.len() < IN_HEADER_LEN {
+            return Err(ProtoError::Short {
+                got: msg.len(),
+                need: IN_HEADER_LEN,
+            });
+        }
+        if len as usize != msg.len() {
+            return Err(ProtoError::LengthMismatch {
+                header: len,
+                got: msg.len(),
+            });
+        }
+        Ok(InHeader {
+            len,
+            opcode: Opcode::from_u32(op),
+            unique,
+            nodeid,
+        })
+    }
+
+    /// The request's body (after the 40-byte header).
+    pub fn body(msg: &[u8]) -> &[u8] {
+        msg.get(IN_HEADER_LEN..).unwrap_or(&[])
+    }
+}
+
+/// The `unique` of a message too malformed to parse fully, when at least that field is there
+/// (so the relay can still answer it instead of leaving the caller hanging).
+pub fn salvage_unique(msg: &[u8]) -> Option<u64> {
+    u64_at(msg, 8)
+}
+
+/// `struct fuse_out_header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutHeader {
+    /// Total message length, header included.
+    pub len: u32,
+    /// 0, a negative errno, or (with `unique == 0`) the notification code.
+    pub error: i32,
+    /// The request this answers; 0 for a notification.
+    pub unique: u64,
+}
+
+impl OutHeader {
+    /// Parses a daemon reply of exactly `msg.len()` bytes (one datagram).
+    ///
+    /// # Errors
+    /// [`ProtoError::Short`] under 16 bytes, [`ProtoError::LengthMismatch`] when `len` is not
+    /// the number of bytes received.
+    pub fn parse(msg: &[u8]) -> Result<OutHeader, ProtoError> {
+        let (Some(len), Some(error), Some(unique)) =
+            (u32_at(msg, 0), u32_at(msg, 4), u64_at(msg, 8))
+        else {
+            return Err(ProtoError::Short {
+                got: msg.len(),
+                need: OUT_HEADER_LEN,
+            });
+        };
+        if len as usize != msg.len() {
+            return Err(ProtoError::LengthMismatch {
+                header: len,
+                got: msg.len(),
+            });
+        }
+        Ok(OutHeader {
+            len,
+            error: error as i32,
+            unique,
+        })
+    }
+
+    /// The reply's body (after the 16-byte header).
+    pub fn body(msg: &[u8]) -> &[u8] {
+        msg.get(OUT_HEADER_LEN..).unwrap_or(&[])
+    }
+}
+
+/// A header-only error reply (`len = 16`, `error = -errno`), the only form the kernel accepts
+/// for an error.
+pub fn error_reply(unique: u64, errno: i32) -> [u8; OUT_HEADER_LEN] {
+    let mut b = [0u8; OUT_HEADER_LEN];
+    put_u32(&mut b, 0, OUT_HEADER_LEN as u32);
+    b[4..8].copy_from_slice(&(-errno).to_le_bytes());
+    b[8..16].copy_from_slice(&unique.to_le_bytes());
+    b
+}
+
+/// The `flags` (O_RDONLY/O_WRONLY/O_RDWR and friends) of an OPEN or CREATE request body
+/// (`fuse_open_in.flags` / `fuse_create_in.flags`, both at offset 0); `None` if too short.
+pub fn open_flags(body: &[u8]) -> Option<u32> {
+    u32_at(body, 0)
+}
+
+/// Whether open flags carry write intent (`O_WRONLY` or `O_RDWR`).
+pub fn is_write_intent(flags: u32) -> bool {
+    (flags as i32 & libc::O_ACCMODE) != libc::O_RDONLY
+}
+
+/// The file handle of a successful OPEN/OPENDIR reply body (`fuse_open_out.fh`) or CREATE
+/// reply body (`fuse_entry_out` then `fuse_open_out`); `None` if the body is too short.
+pub fn reply_fh(opcode: Opcode, body: &[u8]) -> Option<u64> {
+    match opcode {
+        Opcode::Open | Opcode::Opendir => u64_at(body, 0),
+        Opcode::Create | Opcode::Tmpfile => u64_at(body, ENTRY_OUT_LEN),
+        _ => None,
+    }
+}
+
+/// The handle a RELEASE/RELEASEDIR request body names (`fuse_release_in.fh`).
+pub fn release_fh(body: &[u8]) -> Option<u64> {
+    u64_at(body, 0)
+}
+
+/// Splits a BATCH_FORGET request that exceeds `limit` bytes into several that each fit.
+/// Forgets have no reply and no ordering among themselves, so splitting is safe. Returns the
+/// message unchanged (one element) when it fits; `None` when it is malformed (a count larger
+/// than the body) or `limit` cannot hold even one entry.
+pub fn split_batch_forget(msg: &[u8], limit: usize) -> Option<Vec<Vec<u8>>> {
+    if msg.len() <= limit {
+        return Some(vec![msg.to_vec()]);
+    }
+    let fixed = IN_HEADER_LEN + BATCH_FORGET_IN_LEN;
+    if limit < fixed + FORGET_ONE_LEN || msg.len() < fixed {
+        return None;
+    }
+    let count = u32_at(msg, IN_HEADER_LEN)? as usize;
+    let entries = msg.get(fixed..)?;
+    if entries.len() < count.checked_mul(FORGET_ONE_LEN)? {
+        return None;
+    }
+    let per = (limit - fixed) / FORGET_ONE_LEN;
+    let mut out = Vec::new();
+    for chunk in entries[..count * FORGET_ONE_LEN].chunks(per * FORGET_ONE_LEN) {
+        let mut m = Vec::with_capacity(fixed + chunk.len());
+        m.extend_from_slice(&msg[..fixed]);
+        m.extend_from_slice(chunk);
+        let len = m.len() as u32;
+        put_u32(&mut m, 0, len);
+        put_u32(&mut m, IN_HEADER_LEN, (chunk.len() / FORGET_ONE_LEN) as u32);
+        out.push(m);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Builds a kernel request: header (uid/gid/pid zero) + body.
+    pub fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![0u8; IN_HEADER_LEN];
+        put_u32(&mut m, 0, (IN_HEADER_LEN + body.len()) as u32);
+        put_u32(&mut m, 4, opcode);
+        m[8..16].copy_from_slice(&unique.to_le_bytes());
+        m[16..24].copy_from_slice(&nodeid.to_le_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// Builds a daemon reply: header + body.
+    pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![0u8; OUT_HEADER_LEN];
+        put_u32(&mut m, 0, (OUT_HEADER_LEN + body.len()) as u32);
+        m[4..8].copy_from_slice(&error.to_le_bytes());
+        m[8..16].copy_from_slice(&unique.to_le_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn in_header_round_trip() {
+        let m = request(14, 42, 7, &[1, 0, 0, 0, 0, 0, 0, 0]);
+        let h = InHeader::parse(&m).unwrap();
+        assert_eq!(h.opcode, Opcode::Open);
+        assert_eq!((h.unique, h.nodeid, h.len), (42, 7, 48));
+        assert_eq!(open_flags(InHeader::body(&m)), Some(1));
+    }
+
+    #[test]
+    fn malformed_lengths_are_errors_not_panics() {
+        let cases: Vec<(Vec<u8>, ProtoError)> = vec![
+            (vec![], ProtoError::Short { got: 0, need: 40 }),
+            (vec![0; 7], ProtoError::Short { got: 7, need: 40 }),
+            (vec![0; 39], ProtoError::Short { got: 39, need: 40 }),
+            (
+                {
+                    let mut m = request(3, 2, 1, &[]);
+                    put_u32(&mut m, 0, 41);
+                    m
+                },
+                ProtoError::LengthMismatch {
+                    header: 41,
+                    got: 40,
+                },
+            ),
+            (
+                {
+                    let mut m = request(3, 2, 1, &[0; 8]);
+                    put_u32(&mut m, 0, 40);
+                    m
+                },
+                ProtoError::LengthMismatch {
+                    header: 40,
+                    got: 48,
+                },
+            ),
+        ];
+        for (msg, want) in cases {
+            assert_eq!(
+                InHeader::parse(&msg),
+                Err(want),
+                "msg of {} bytes",
+                msg.len()
+            );
+        }
+        assert_eq!(
+            OutHeader::parse(&[0; 15]),
+            Err(ProtoError::Short { got: 15, need: 16 })
+        );
+        let mut r = reply(4, 0, &[0; 8]);
+        put_u32(&mut r, 0, 16);
+        assert_eq!(
+            OutHeader::parse(&r),
+            Err(ProtoError::LengthMismatch {
+                header: 16,
+                got: 24
+            })
+        );
+        // A header claiming u32::MAX bytes.
+        let mut r = reply(4, 0, &[]);
+        put_u32(&mut r, 0, u32::MAX);
+        assert!(OutHeader::parse(&r).is_err());
+        assert_eq!(salvage_unique(&r), Some(4));
+        assert_eq!(salvage_unique(&[0; 10]), None);
+    }
+
+    #[test]
+    fn error_reply_is_header_only_negative_errno() {
+        let b = error_reply(0x10, libc::ESHUTDOWN);
+        let h = OutHeader::parse(&b).unwrap();
+        assert_eq!(h.len, 16);
+        assert_eq!(h.error, -libc::ESHUTDOWN);
+        assert_eq!(h.unique, 0x10);
+    }
+
+    #[test]
+    fn opcode_table() {
+        for (v, op, reply, door) in [
+            (2, Opcode::Forget, false, false),
+            (42, Opcode::BatchForget, false, false),
+            (36, Opcode::Interrupt, false, false),
+            (41, Opcode::NotifyReply, false, false),
+            (14, Opcode::Open, true, true),
+            (35, Opcode::Create, true, true),
+            (45, Opcode::Rename2, true, true),
+            (25, Opcode::Flush, true, false),
+            (18, Opcode::Release, true, false),
+            (999, Opcode::Other(999), true, false),
+        ] {
+            let o = Opcode::from_u32(v);
+            assert_eq!(o, op);
+            assert_eq!(o.expects_reply(), reply, "{op:?}");
+            assert_eq!(o.is_door_guarded(), door, "{op:?}");
+        }
+        assert!(is_write_intent(libc::O_WRONLY as u32));
+        assert!(is_write_intent((libc::O_RDWR | libc::O_CREAT) as u32));
+        assert!(!is_write_intent(libc::O_RDONLY as u32));
+    }
+
+    #[test]
+    fn reply_fh_positions() {
+        let mut open_out = vec![0u8; 16];
+        open_out[..8].copy_from_slice(&77u64.to_le_bytes());
+        assert_eq!(reply_fh(Opcode::Open, &open_out), Some(77));
+        let mut create = vec![0u8; ENTRY_OUT_LEN];
+        create.extend_from_slice(&open_out);
+        assert_eq!(reply_fh(Opcode::Create, &create), Some(77));
+        assert_eq!(reply_fh(Opcode::Create, &open_out), None);
+        assert_eq!(reply_fh(Opcode::Read, &open_out), None);
+    }
+
+    fn batch_forget(n: u32) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&n.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        for i in 0..n {
+            body.extend_from_slice(&u64::from(i + 2).to_le_bytes());
+            body.extend_from_slice(&1u64.to_le_bytes());
+        }
+        request(42, 100, 0, &body)
+    }
+
+    #[test]
+    fn batch_forget_split() {
+        let m = batch_forget(10);
+        assert_eq!(m.len(), 48 + 160);
+        assert_eq!(split_batch_forget(&m, 4096).unwrap(), vec![m.clone()]);
+        // 48 + 3 entries fit in 96 bytes.
+        let parts = split_batch_forget(&m, 96).unwrap();
+        assert_eq!(parts.len(), 4);
+        let mut seen = Vec::new();
+        for p in &parts {
+            assert!(p.len() <= 96);
+            let h = InHeader::parse(p).unwrap();
+            assert_eq!(h.opcode, Opcode::BatchForget);
+            let count = u32_at(p, 40).unwrap() as usize;
+            assert_eq!(p.len(), 48 + count * 16);
+            for i in 0..count {
+                seen.push(u64_at(p, 48 + i * 16).unwrap());
+            }
+        }
+        assert_eq!(seen, (2..12).collect::<Vec<u64>>());
+        // Too small for one entry, or a count beyond the body.
+        assert_eq!(split_batch_forget(&m, 60), None);
+        let mut bad = batch_forget(10);
+        put_u32(&mut bad, 40, 1000);
+        assert_eq!(split_batch_forget(&bad, 96), None);
+    }
+}
