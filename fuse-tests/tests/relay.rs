@@ -410,11 +410,12 @@ fn interrupts_during_a_slow_read() {
     fs::write(s.store.join("fast.bin"), b"fast").unwrap();
 
     // A handled signal: the kernel sends INTERRUPT; the read still completes with all the data.
-    let reader = Command::new("python3")
+    let mut reader = Command::new("python3")
         .args([
             "-c",
             "import signal, sys\n\
              signal.signal(signal.SIGUSR1, lambda *a: None)\n\
+             print('armed', flush=True)\n\
              d = open(sys.argv[1], 'rb').read()\n\
              print(len(d))",
         ])
@@ -422,17 +423,21 @@ fn interrupts_during_a_slow_read() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stdout = std::io::BufReader::new(reader.stdout.take().unwrap());
+    let mut armed = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut armed).unwrap();
+    assert_eq!(armed.trim(), "armed");
     std::thread::sleep(Duration::from_millis(500));
     let pid = nix::unistd::Pid::from_raw(reader.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
-    let out = within(Duration::from_secs(10), move || reader.wait_with_output())
-        .expect("the interrupted read hangs")
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        data.len().to_string()
-    );
+    let (status, rest) = within(Duration::from_secs(10), move || {
+        let mut rest = String::new();
+        let _ = stdout.read_to_string(&mut rest);
+        (reader.wait(), rest)
+    })
+    .expect("the interrupted read hangs");
+    assert!(status.as_ref().unwrap().success(), "{status:?}");
+    assert_eq!(rest.trim(), data.len().to_string());
 
     // A fatal signal: the reader dies; the relay's books still balance.
     let mut cat = Command::new("cat")
@@ -666,8 +671,47 @@ fn lazy_unmount_stops_the_daemon_cleanly() {
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
 }
 
+/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
+/// lives when it was not mounted already.
+struct Fusectl {
+    /// Whether this guard mounted it (and so unmounts it).
+    mounted_here: bool,
+}
+
+/// Where the fuse control filesystem lives.
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+impl Fusectl {
+    fn ensure() -> Fusectl {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
 #[test]
 fn connection_abort_stops_the_daemon_cleanly() {
+    let _fusectl = Fusectl::ensure();
     let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
     write_file(&s.path("kept.txt"), b"kept").unwrap();
     let dev = fs::metadata(&s.mnt).unwrap().dev();
