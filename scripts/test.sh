@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite: the README's second command and what CI (.ci/run) runs.
-# Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real lowers
-# (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
+# Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
+# lowers (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
 # -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
 # root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
 set -euo pipefail

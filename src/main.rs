@@ -10,7 +10,8 @@ fn main() {
         .first()
         .is_some_and(|a0| drainfs::relay::run::is_gcsfuse_dropin(a0))
     {
-        let real = std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
+        let real =
+            std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
         let rest = args.split_off(1);
         args = vec!["drainfs".into(), "relay".into(), "--".into(), real];
         args.extend(rest);

@@ -495,6 +495,14 @@ fn batch_forget_flood() {
     assert!(pid_exists(s.daemon_pid()));
     let e = s.stop(Duration::from_secs(15));
     assert_eq!(e.code, Some(0), "{e}");
+    // The flood really went through the relay (otherwise this test proves nothing).
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&s.summary).unwrap()).unwrap();
+    let forgets = find_key(&summary, "forgets").and_then(|v| v.as_u64());
+    assert!(
+        forgets.is_some_and(|n| n > 0),
+        "no forgets relayed: {summary:#}"
+    );
     s.assert_nothing_left();
 }
 

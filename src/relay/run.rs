@@ -176,8 +176,7 @@ fn spawn_daemon(
         cmd.pre_exec(move || {
             if src == DAEMON_FD {
                 let flags = libc::fcntl(DAEMON_FD, libc::F_GETFD);
-                if flags < 0
-                    || libc::fcntl(DAEMON_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                if flags < 0 || libc::fcntl(DAEMON_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -431,10 +430,13 @@ impl Runner {
             Stop::DaemonGone => {
                 self.relay.fail_all();
                 self.wait_daemon(Duration::from_secs(2)).await;
-                self.daemon_code().unwrap_or(EXIT_LOWER_FAILED).max(EXIT_LOWER_FAILED)
+                self.daemon_code()
+                    .unwrap_or(EXIT_LOWER_FAILED)
+                    .max(EXIT_LOWER_FAILED)
             }
             Stop::KernelGone => {
-                self.notes.push("the kernel side of the FUSE connection went away".into());
+                self.notes
+                    .push("the kernel side of the FUSE connection went away".into());
                 self.stop_daemon().await;
                 self.daemon_code().unwrap_or(EXIT_LOWER_FAILED)
             }
@@ -541,9 +543,7 @@ impl Runner {
         self.outstanding_at_stop = Some(o);
         self.stop_daemon().await;
         match self.daemon_code() {
-            Some(EXIT_OK) if incomplete || self.forced == Some("daemon_sigkill") => {
-                EXIT_INCOMPLETE
-            }
+            Some(EXIT_OK) if incomplete || self.forced == Some("daemon_sigkill") => EXIT_INCOMPLETE,
             Some(EXIT_OK) => EXIT_OK,
             Some(c) => c,
             None => EXIT_INCOMPLETE,
@@ -558,7 +558,10 @@ impl Runner {
         let hard = self.deadline() + self.cfg.lifecycle.grace_margin / 2;
         let left = hard.saturating_duration_since(Instant::now());
         if !self.wait_daemon(left.max(Duration::from_millis(200))).await {
-            tracing::warn!(pid = self.pid, "relay: the daemon did not exit after EOF; SIGKILL");
+            tracing::warn!(
+                pid = self.pid,
+                "relay: the daemon did not exit after EOF; SIGKILL"
+            );
             self.forced = Some("daemon_sigkill");
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), Signal::SIGKILL);
             self.wait_daemon(Duration::from_secs(1)).await;
@@ -646,8 +649,11 @@ mod tests {
 
     #[test]
     fn argv_plans() {
-        let (k, a) = plan_argv(&os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/7"]), None)
-            .unwrap();
+        let (k, a) = plan_argv(
+            &os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/7"]),
+            None,
+        )
+        .unwrap();
         assert_eq!(k, 7);
         assert_eq!(a, os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/3"]));
         let (k, a) = plan_argv(&os(&["d", "/dev/fd/3"]), Some(9)).unwrap();
