@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::gate::Gate;
+
 macro_rules! ops {
     ($($variant:ident => $name:literal),* $(,)?) => {
         /// A FUSE operation, as counted and labelled (`op="lookup"`).
@@ -130,7 +132,8 @@ pub enum LowerCall {
 #[derive(Debug)]
 pub struct Accounting {
     ops: [OpStats; N_OPS],
-    in_flight: AtomicI64,
+    /// The door and the in-flight count (see [`crate::gate`]).
+    gate: Gate,
     handles: [AtomicI64; 3],
     handles_opened: [AtomicU64; 3],
     lower_calls: [AtomicI64; 3],
@@ -156,7 +159,7 @@ impl Default for Accounting {
     fn default() -> Self {
         Accounting {
             ops: std::array::from_fn(|_| OpStats::default()),
-            in_flight: AtomicI64::new(0),
+            gate: Gate::new(),
             handles: Default::default(),
             handles_opened: Default::default(),
             lower_calls: Default::default(),
@@ -211,10 +214,11 @@ impl Accounting {
         Arc::new(Self::default())
     }
 
-    /// Starts counting one request; the guard ends it.
+    /// Starts counting one request; the guard ends it. Counting comes before the request looks
+    /// at the door ([`Accounting::door_open`]), which is what makes the drain race-free.
     #[inline]
     pub fn op(&self, op: Op) -> OpGuard<'_> {
-        self.in_flight.fetch_add(1, SeqCst);
+        self.gate.enter();
         self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
         OpGuard {
             acct: self,
@@ -254,10 +258,32 @@ impl Accounting {
         self.handles_opened[mode as usize].load(Relaxed)
     }
 
+    /// Whether the door is open: new opens, creates and namespace changes are admitted. Call
+    /// only from a request counted with [`Accounting::op`].
+    #[inline]
+    pub fn door_open(&self) -> bool {
+        self.gate.is_open()
+    }
+
+    /// Closes the door (idempotent).
+    pub fn close_door(&self) {
+        self.gate.close();
+    }
+
+    /// The door's state, then the counts read after it (see [`crate::drain::Observation`]).
+    pub fn observe(&self) -> (bool, Outstanding) {
+        let (door_closed, in_flight) = self.gate.state();
+        (door_closed, self.counts(in_flight as i64))
+    }
+
     /// Current counts.
     pub fn outstanding(&self) -> Outstanding {
+        self.observe().1
+    }
+
+    fn counts(&self, in_flight: i64) -> Outstanding {
         Outstanding {
-            in_flight: self.in_flight.load(SeqCst),
+            in_flight,
             open_read: self.handles[HandleMode::Read as usize].load(SeqCst),
             open_write: self.handles[HandleMode::Write as usize].load(SeqCst),
             open_dirs: self.handles[HandleMode::Dir as usize].load(SeqCst),
@@ -319,7 +345,7 @@ impl Drop for OpGuard<'_> {
         }
         stats.duration.observe(self.start.elapsed());
         stats.in_flight.fetch_sub(1, Relaxed);
-        self.acct.in_flight.fetch_sub(1, SeqCst);
+        self.acct.gate.exit();
         self.acct.touched();
     }
 }

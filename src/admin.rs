@@ -25,7 +25,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::lifecycle::{Cause, Control, Event, Phase};
+use crate::lifecycle::{Cause, Control, Event, Phase, Source};
 use crate::metrics;
 
 /// How long a liveness check may take before it counts as failed.
@@ -40,18 +40,22 @@ pub fn start(control: Control) {
         && let Err(e) = crate::control::serve(&path, control.clone())
     {
         tracing::error!(path = %path.display(), error = %e, "cannot bind the control socket");
-        let _ = control.events.send(Event::Trigger(Cause::QuitRequest {
-            source: "control_socket_failed".into(),
-        }));
+        let _ = control
+            .events
+            .send(Event::Trigger(Cause::ControlPlaneFailed {
+                detail: format!("cannot bind the control socket {}: {e}", path.display()),
+            }));
     }
     if let Some(addr) = cfg.admin_addr {
         let control = control.clone();
         tokio::spawn(async move {
             if let Err(e) = serve(addr, control.clone()).await {
                 tracing::error!(%addr, error = %e, "admin server failed");
-                let _ = control.events.send(Event::Trigger(Cause::QuitRequest {
-                    source: "admin_failed".into(),
-                }));
+                let _ = control
+                    .events
+                    .send(Event::Trigger(Cause::ControlPlaneFailed {
+                        detail: format!("admin server on {addr}: {e}"),
+                    }));
             }
         });
     }
@@ -292,7 +296,7 @@ async fn drain(State(app): State<App>, ConnectInfo(peer): ConnectInfo<SocketAddr
         return r;
     }
     let _ = app.control.events.send(Event::Trigger(Cause::DrainRequest {
-        source: "http".into(),
+        source: Source::Http,
     }));
     (StatusCode::OK, "draining\n").into_response()
 }
@@ -302,7 +306,7 @@ async fn quit(State(app): State<App>, ConnectInfo(peer): ConnectInfo<SocketAddr>
         return r;
     }
     let _ = app.control.events.send(Event::Trigger(Cause::QuitRequest {
-        source: "http".into(),
+        source: Source::Http,
     }));
     (StatusCode::OK, "shutting down\n").into_response()
 }

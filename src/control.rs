@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::cli::Command;
-use crate::lifecycle::{Cause, Control, EXIT_FAILURE, EXIT_INCOMPLETE, EXIT_USAGE, Event, Phase};
+use crate::lifecycle::{Cause, Control, Event, ExitCode, Phase, Source};
 use crate::mount;
 
 /// A request on the control socket.
@@ -84,13 +84,13 @@ async fn handle(stream: UnixStream, control: Control) -> std::io::Result<()> {
         Ok(Request::Status) => serde_json::to_value(control.shared.snapshot()).unwrap_or_default(),
         Ok(Request::Drain) => {
             let _ = control.events.send(Event::Trigger(Cause::DrainRequest {
-                source: "control".into(),
+                source: Source::Control,
             }));
             serde_json::json!({"ok": true})
         }
         Ok(Request::Shutdown) => {
             let _ = control.events.send(Event::Trigger(Cause::QuitRequest {
-                source: "control".into(),
+                source: Source::Control,
             }));
             serde_json::json!({"ok": true})
         }
@@ -139,7 +139,7 @@ pub fn client(cmd: Command) -> i32 {
         level: None,
     });
     match cmd {
-        Command::Run(_) | Command::Relay(_) => EXIT_USAGE,
+        Command::Run(_) | Command::Relay(_) => ExitCode::Usage.code(),
         Command::Status {
             control_socket,
             json,
@@ -191,7 +191,7 @@ pub fn client(cmd: Command) -> i32 {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     eprintln!("drainfs wait: not ready within {timeout:?}");
-                    return EXIT_INCOMPLETE;
+                    return ExitCode::Incomplete.code();
                 }
                 match request(&control_socket, &Request::WaitReady, left) {
                     Ok(v) if v["ready"] == true => return 0,
@@ -200,7 +200,7 @@ pub fn client(cmd: Command) -> i32 {
                             "drainfs wait: shutdown began before the mount was ready (phase {})",
                             v["phase"]
                         );
-                        return EXIT_FAILURE;
+                        return ExitCode::Failed.code();
                     }
                     // Not started yet (no socket), or a timeout: try again until the deadline.
                     _ => std::thread::sleep(Duration::from_millis(50).min(left)),
@@ -216,7 +216,7 @@ fn simple(path: &Path, req: &Request) -> i32 {
         Ok(v) if v["ok"] == true => 0,
         Ok(v) => {
             eprintln!("drainfs: error: {}", v["error"]);
-            EXIT_FAILURE
+            ExitCode::Failed.code()
         }
         Err(e) => unreachable_socket(path, e),
     }
@@ -227,7 +227,7 @@ fn unreachable_socket(path: &Path, e: std::io::Error) -> i32 {
         "drainfs: error: cannot reach drainfs at {} ({e}); is it running with --control-socket?",
         path.display()
     );
-    crate::lifecycle::EXIT_LOWER_FAILED
+    ExitCode::Unreachable.code()
 }
 
 /// `drainfs cleanup`: for each path, a dead FUSE mount is aborted and detached; a path that is
@@ -268,18 +268,18 @@ pub fn cleanup(paths: &[PathBuf], force: bool) -> i32 {
                 ),
                 Err(e) => {
                     eprintln!("drainfs cleanup: {}: {e}", p.display());
-                    code = EXIT_FAILURE;
+                    code = ExitCode::Failed.code();
                     break;
                 }
             }
             if rounds > 16 {
-                code = EXIT_FAILURE;
+                code = ExitCode::Failed.code();
                 break;
             }
         }
         if code == 0 && mount::mount_at(&abs).is_none() && std::fs::metadata(&abs).is_err() {
             eprintln!("drainfs cleanup: {} is still not usable", p.display());
-            code = EXIT_FAILURE;
+            code = ExitCode::Failed.code();
         }
     }
     code

@@ -1,22 +1,26 @@
-//! The one place that decides shutdown (mountpoint-s3's `fuse/session.rs` shape).
-//!
-//! States: `starting` (the lower's process is starting; nothing is mounted) → `serving` →
-//! `draining` (a trigger arrived; admission still open while the workload may be shutting
-//! down) → `door_closed` (new opens, creates and namespace changes get `ESHUTDOWN`) →
-//! `unmounting` → `stopping_lower` → `done`.
+//! The executor of the passthrough mount's lifecycle: supervises the lower's process, mounts
+//! drainfs, feeds the drain machine ([`crate::drain::Machine`], where every decision is made)
+//! with triggers and observations, and carries out its steps (close the door, tear down).
 //!
 //! Triggers only *send* [`Event`]s: signals (the signal thread), exit files and the watched
 //! process ([`crate::triggers`]), control requests, the lower's process exiting (the reaper),
-//! the lower's connection failing (the core). Every transition is logged once with its cause.
+//! the lower's connection failing (the core), drainfs's own mount going away (the session).
+//! Every phase change is logged once with its cause.
 //!
-//! Order of teardown (issue #3): wait until nothing is in flight and every handle is released
-//! (every lower close, i.e. every upload, has returned); unmount drainfs; close any remaining
-//! lower fd; signal the lower's process; wait for it and for its mount to go; exit. Nothing
-//! waits a fixed time. Every wait is bounded by the deadline: the first trigger plus the grace
-//! period minus a safety margin; past it the teardown is forced (flush and close lower fds,
-//! lazy unmount, SIGKILL the lower, abort and detach a dead lower mount) and drainfs exits 75.
+//! Observing: the executor registers for the accounting's change notification *before* it reads
+//! the door and the counts ([`Accounting::observe`], door first), so no change between the
+//! read and the wait is lost, and the machine only ever decides "drained" on counts read after
+//! the door was closed.
+//!
+//! Teardown, in order: (forced only) flush and close the handles that are left; unmount drainfs
+//! (a lazy detach when forced or busy, then abort drainfs's own FUSE connection so its session
+//! ends at once); close every lower fd drainfs holds; stop the lower's process (its stop
+//! signal, SIGKILL after the budget); remove the lower's FUSE mount if it lingers (by mount ID,
+//! never a volume's bind mount); exit. Every wait is bounded by a [`crate::drain::Budget`] and
+//! re-bounded when a trigger (a second signal) arrives during it.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -27,136 +31,18 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
 use parking_lot::Mutex;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::accounting::{Accounting, Outstanding};
 use crate::config::{LowerProcess, RunConfig};
+use crate::drain::{
+    Budget, Config as DrainConfig, DoorReason, Ending, LowerStop, Machine, Observation, Outcome,
+    Step, TriggerEffect,
+};
+pub use crate::drain::{Cause, CauseKind, ExitCode, Forced, Phase, Source};
 use crate::fs::{Admission, CoreConfig, Fs};
 use crate::fuse::{DrainFs, InitInfo};
 use crate::{mount, procs, summary, triggers};
-
-/// Exit status: everything drained and the lower stopped cleanly.
-pub const EXIT_OK: i32 = 0;
-/// Exit status (EX_USAGE-like, as clap uses): bad command line or configuration.
-pub const EXIT_USAGE: i32 = 2;
-/// Exit status EX_UNAVAILABLE: the lower failed to start, failed, or died.
-pub const EXIT_LOWER_FAILED: i32 = 69;
-/// Exit status EX_TEMPFAIL: the deadline (or a second signal) forced the exit with work
-/// outstanding, or a lower flush failed: data may be incomplete.
-pub const EXIT_INCOMPLETE: i32 = 75;
-/// Exit status: drainfs itself could not mount or serve.
-pub const EXIT_FAILURE: i32 = 1;
-
-/// Lifecycle phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Waiting for the lower's mount.
-    Starting,
-    /// Mounted and serving.
-    Serving,
-    /// A trigger arrived; admission still open until the mount is quiet.
-    Draining,
-    /// Admission closed; waiting for outstanding work.
-    DoorClosed,
-    /// Unmounting drainfs.
-    Unmounting,
-    /// Stopping the lower's process.
-    StoppingLower,
-    /// Finished.
-    Done,
-}
-
-impl Phase {
-    /// Every phase, for the metrics' `phase` label.
-    pub const ALL: [Phase; 7] = [
-        Phase::Starting,
-        Phase::Serving,
-        Phase::Draining,
-        Phase::DoorClosed,
-        Phase::Unmounting,
-        Phase::StoppingLower,
-        Phase::Done,
-    ];
-
-    /// Label value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Serving => "serving",
-            Phase::Draining => "draining",
-            Phase::DoorClosed => "door_closed",
-            Phase::Unmounting => "unmounting",
-            Phase::StoppingLower => "stopping_lower",
-            Phase::Done => "done",
-        }
-    }
-}
-
-/// Why shutdown started (or was escalated).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "cause")]
-pub enum Cause {
-    /// SIGTERM.
-    Sigterm,
-    /// SIGINT.
-    Sigint,
-    /// An exit file appeared.
-    ExitFile {
-        /// Which one.
-        path: PathBuf,
-    },
-    /// The watched workload process exited.
-    WatchedPidExited {
-        /// Its PID.
-        pid: i32,
-    },
-    /// A quit request (`/quitquitquit`, `drainfs shutdown`).
-    QuitRequest {
-        /// `http` or `control`.
-        source: String,
-    },
-    /// A drain request (`/drain`, `drainfs drain`): start draining, workload may still run.
-    DrainRequest {
-        /// `http` or `control`.
-        source: String,
-    },
-    /// The lower's process exited or its connection failed.
-    LowerDied {
-        /// What was seen.
-        detail: String,
-    },
-    /// drainfs's own mount was removed by someone else.
-    UnmountedExternally,
-}
-
-impl Cause {
-    /// Short label for metrics and logs.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Cause::Sigterm => "sigterm",
-            Cause::Sigint => "sigint",
-            Cause::ExitFile { .. } => "exit_file",
-            Cause::WatchedPidExited { .. } => "watched_pid_exited",
-            Cause::QuitRequest { .. } => "quit_request",
-            Cause::DrainRequest { .. } => "drain_request",
-            Cause::LowerDied { .. } => "lower_died",
-            Cause::UnmountedExternally => "unmounted_externally",
-        }
-    }
-
-    /// Every label, for metrics.
-    pub const LABELS: [&'static str; 8] = [
-        "sigterm",
-        "sigint",
-        "exit_file",
-        "watched_pid_exited",
-        "quit_request",
-        "drain_request",
-        "lower_died",
-        "unmounted_externally",
-    ];
-}
 
 /// Something that happened, sent to the lifecycle by a trigger or a watcher.
 #[derive(Debug)]
@@ -173,12 +59,12 @@ pub struct Shared {
     inner: Mutex<SharedInner>,
     /// Counters of the mount (present once mounted).
     pub acct: Arc<Accounting>,
-    /// Triggers received, by cause label.
-    pub triggers: Mutex<Vec<(&'static str, u64)>>,
-    /// Forced shutdowns, by reason.
-    pub forced: Mutex<Vec<(&'static str, u64)>>,
+    /// Triggers received, by cause.
+    pub triggers: Mutex<std::collections::HashMap<CauseKind, u64>>,
+    /// Forced teardowns with work outstanding, by reason.
+    pub forced: Mutex<std::collections::HashMap<Forced, u64>>,
     /// Signalled on every phase change.
-    pub phase_changed: tokio::sync::watch::Sender<Phase>,
+    pub phase_changed: watch::Sender<Phase>,
     started: std::sync::atomic::AtomicBool,
     admin: crate::config::AdminConfig,
     mountpoint: PathBuf,
@@ -211,7 +97,7 @@ pub struct Snapshot {
     pub in_flight_by_op: Vec<(String, i64)>,
     /// Paths still open (capped at 50), with their mode.
     pub open_paths: Vec<(String, crate::accounting::HandleMode)>,
-    /// What INIT negotiated.
+    /// What INIT negotiated, and the data path chosen.
     pub init: Option<InitInfo>,
     /// Whether the lower's process is up.
     pub lower_up: bool,
@@ -221,7 +107,7 @@ pub struct Snapshot {
 
 impl Shared {
     fn new(acct: Arc<Accounting>, cfg: &RunConfig) -> Arc<Self> {
-        let (tx, _) = tokio::sync::watch::channel(Phase::Starting);
+        let (tx, _) = watch::channel(Phase::Starting);
         Arc::new(Shared {
             inner: Mutex::new(SharedInner {
                 phase: Phase::Starting,
@@ -233,8 +119,8 @@ impl Shared {
                 drain_duration: None,
             }),
             acct,
-            triggers: Mutex::new(Vec::new()),
-            forced: Mutex::new(Vec::new()),
+            triggers: Mutex::default(),
+            forced: Mutex::default(),
             phase_changed: tx,
             started: std::sync::atomic::AtomicBool::new(false),
             admin: cfg.admin.clone(),
@@ -295,14 +181,6 @@ impl Shared {
         );
         self.phase_changed.send_replace(phase);
         notify_systemd(phase, why);
-    }
-
-    fn count(list: &Mutex<Vec<(&'static str, u64)>>, label: &'static str) {
-        let mut l = list.lock();
-        match l.iter_mut().find(|(k, _)| *k == label) {
-            Some((_, n)) => *n += 1,
-            None => l.push((label, 1)),
-        }
     }
 
     /// The mounted core, once mounted.
@@ -367,50 +245,72 @@ pub struct Control {
     pub shared: Arc<Shared>,
 }
 
-/// The lower's process as supervised.
+/// The lower's process as supervised: its exit status arrives on a watch channel (from the
+/// reaper, or from a pidfd for an adopted pid), so any number of waits can be bounded and
+/// cancelled without owning the receiver.
 struct Lower {
     pid: Option<i32>,
-    exit: Option<oneshot::Receiver<WaitStatus>>,
-    status: Option<WaitStatus>,
-    stderr_tail: Arc<Mutex<std::collections::VecDeque<String>>>,
     spawned: bool,
+    status: watch::Receiver<Option<WaitStatus>>,
+    /// Keeps the channel open for a lower nobody reports on (adopted without a pid).
+    _status_tx: Option<watch::Sender<Option<WaitStatus>>>,
+    stderr_tail: Arc<Mutex<std::collections::VecDeque<String>>>,
 }
 
 impl Lower {
-    fn poll_exit(&mut self) -> Option<WaitStatus> {
-        if self.status.is_none()
-            && let Some(rx) = self.exit.as_mut()
-            && let Ok(st) = rx.try_recv()
-        {
-            self.status = Some(st);
-            self.exit = None;
+    /// Nothing supervised.
+    fn unsupervised() -> Self {
+        let (tx, rx) = watch::channel(None);
+        Lower {
+            pid: None,
+            spawned: false,
+            status: rx,
+            _status_tx: Some(tx),
+            stderr_tail: Arc::default(),
         }
-        self.status
     }
 
-    async fn wait_exit(&mut self) -> WaitStatus {
-        if let Some(st) = self.status {
-            return st;
+    /// An adopted process: its exit is seen through a pidfd (status unknown: reported as
+    /// `exit 0`).
+    fn adopted(pid: Option<i32>) -> Self {
+        let Some(pid) = pid else {
+            return Self::unsupervised();
+        };
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(async move {
+            triggers::wait_pid_exit(pid).await;
+            let _ = tx.send(Some(WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0)));
+        });
+        Lower {
+            pid: Some(pid),
+            spawned: false,
+            status: rx,
+            _status_tx: None,
+            stderr_tail: Arc::default(),
         }
-        match self.exit.as_mut() {
-            Some(rx) => match rx.await {
-                Ok(st) => {
-                    self.status = Some(st);
-                    self.exit = None;
-                    st
+    }
+
+    fn exited(&self) -> Option<WaitStatus> {
+        *self.status.borrow()
+    }
+
+    /// Resolves with the exit status (never, for an unsupervised lower).
+    fn wait(&self) -> impl Future<Output = WaitStatus> + Send + 'static {
+        let mut rx = self.status.clone();
+        async move {
+            loop {
+                if let Some(st) = *rx.borrow_and_update() {
+                    return st;
                 }
-                Err(_) => std::future::pending().await,
-            },
-            None => match self.pid {
-                Some(pid) => {
-                    triggers::wait_pid_exit(pid).await;
-                    let st = WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0);
-                    self.status = Some(st);
-                    st
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
                 }
-                None => std::future::pending().await,
-            },
+            }
         }
+    }
+
+    fn watched(&self) -> bool {
+        self.pid.is_some()
     }
 
     fn tail(&self) -> String {
@@ -432,7 +332,7 @@ fn spawn_lower(argv: &[OsString]) -> std::io::Result<Lower> {
     // Its own process group: a Ctrl-C on drainfs's terminal must not reach gcsfuse, which
     // would unmount itself under a drain in progress. drainfs signals it when it is time.
     cmd.process_group(0);
-    let (mut child, rx) = procs::spawn(&mut cmd)?;
+    let (mut child, exit) = procs::spawn(&mut cmd)?;
     let tail = Arc::new(Mutex::new(std::collections::VecDeque::with_capacity(20)));
     if let Some(stderr) = child.stderr.take() {
         let tail = Arc::clone(&tail);
@@ -452,12 +352,18 @@ fn spawn_lower(argv: &[OsString]) -> std::io::Result<Lower> {
                 }
             })?;
     }
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        if let Ok(st) = exit.await {
+            let _ = tx.send(Some(st));
+        }
+    });
     Ok(Lower {
         pid: Some(child.id() as i32),
-        exit: Some(rx),
-        status: None,
-        stderr_tail: tail,
         spawned: true,
+        status: rx,
+        _status_tx: None,
+        stderr_tail: tail,
     })
 }
 
@@ -494,25 +400,22 @@ struct Runner {
     events: mpsc::UnboundedReceiver<Event>,
     lower: Lower,
     admission: Arc<Admission>,
-    t0: Option<Instant>,
-    force_at: Option<Instant>,
-    hard_exit: Option<Instant>,
-    workload_gone: bool,
-    signals_seen: u32,
-    forced: Option<&'static str>,
-    lower_died: Option<String>,
+    machine: Machine,
     timings: Timings,
-    outstanding_at_force: Option<Outstanding>,
     open_at_force: Vec<String>,
     failed_flushes: Vec<String>,
     lower_exit: Option<String>,
-    lower_clean: bool,
+    lower_stop: Option<LowerStop>,
+    /// The lower's FUSE mount, once it appeared (the only lower mount drainfs may remove).
+    lower_mount_id: Option<u64>,
+    failed: bool,
     notes: Vec<String>,
 }
 
 /// Runs drainfs: supervise/adopt the lower, mount, serve, drain, tear down. Returns the exit
 /// status. `lower` and `mountpoint` in `cfg` must already be absolute (see
-/// [`mount::preflight`]).
+/// [`mount::preflight`]). `on_control` receives the handles of the admin server and control
+/// socket once the shared state exists.
 pub async fn run(
     cfg: RunConfig,
     events_tx: mpsc::UnboundedSender<Event>,
@@ -527,31 +430,26 @@ pub async fn run(
     });
     triggers::start(&cfg.lifecycle, events_tx.clone());
 
+    let machine = Machine::new(DrainConfig {
+        grace_period: cfg.lifecycle.grace_period,
+        grace_margin: cfg.lifecycle.grace_margin,
+        quiet_period: cfg.lifecycle.quiet_period,
+        native_sidecar: cfg.lifecycle.native_sidecar,
+    });
     let mut r = Runner {
-        lower: Lower {
-            pid: None,
-            exit: None,
-            status: None,
-            stderr_tail: Arc::default(),
-            spawned: false,
-        },
+        lower: Lower::unsupervised(),
         cfg,
         shared,
         events,
-        admission: Admission::new(),
-        t0: None,
-        force_at: None,
-        hard_exit: None,
-        workload_gone: false,
-        signals_seen: 0,
-        forced: None,
-        lower_died: None,
+        admission: Admission::new(&acct),
+        machine,
         timings: Timings::default(),
-        outstanding_at_force: None,
         open_at_force: Vec::new(),
         failed_flushes: Vec::new(),
         lower_exit: None,
-        lower_clean: true,
+        lower_stop: None,
+        lower_mount_id: None,
+        failed: false,
         notes: Vec::new(),
     };
     let code = r.run_all(acct).await;
@@ -563,15 +461,20 @@ pub async fn run(
         r.cfg.lifecycle.summary_file.as_deref(),
         r.cfg.lifecycle.termination_log.as_deref(),
     );
-    code
+    code.code()
 }
 
 impl Runner {
-    fn ms_since_trigger(&self) -> Option<u64> {
-        self.t0.map(|t| t.elapsed().as_millis() as u64)
+    fn ms_since(&self, t: Option<Instant>) -> Option<u64> {
+        let t0 = self.machine.first_trigger()?.0;
+        t.map(|t| t.saturating_duration_since(t0).as_millis() as u64)
     }
 
-    /// Records a trigger: the first one starts the clock; classifies "workload gone".
+    fn ms_since_trigger(&self) -> Option<u64> {
+        self.ms_since(Some(Instant::now()))
+    }
+
+    /// Feeds an event to the machine and acts on what it says about the trigger itself.
     fn on_event(&mut self, ev: Event) {
         let cause = match ev {
             Event::Signal(Signal::SIGTERM) => Cause::Sigterm,
@@ -582,108 +485,111 @@ impl Runner {
             }
             Event::Trigger(c) => c,
         };
-        let is_signal = matches!(cause, Cause::Sigterm | Cause::Sigint);
-        Shared::count(&self.shared.triggers, cause.label());
-        if is_signal {
-            self.signals_seen += 1;
+        *self
+            .shared
+            .triggers
+            .lock()
+            .entry(CauseKind::from(&cause))
+            .or_default() += 1;
+        match &cause {
+            // Every later call fails at once with EIO.
+            Cause::LowerDied { .. } => self.admission.set_lower_gone(),
+            Cause::ControlPlaneFailed { detail } => {
+                tracing::error!(detail, "the control plane failed: draining, then exiting 1");
+                self.failed = true;
+            }
+            _ => {}
         }
-        let gone = match &cause {
-            Cause::ExitFile { .. } | Cause::WatchedPidExited { .. } | Cause::QuitRequest { .. } => {
-                true
-            }
-            Cause::Sigterm => self.cfg.lifecycle.native_sidecar,
-            Cause::LowerDied { detail } => {
-                if self.lower_died.is_none() {
-                    self.lower_died = Some(detail.clone());
-                }
-                true
-            }
-            Cause::UnmountedExternally => true,
-            Cause::Sigint | Cause::DrainRequest { .. } => false,
-        };
-        if self.t0.is_none() {
-            let now = Instant::now();
-            let grace = self.cfg.lifecycle.grace_period;
-            let margin = self.cfg.lifecycle.grace_margin.min(grace / 2);
-            self.t0 = Some(now);
-            self.force_at = Some(now + grace.saturating_sub(margin));
-            self.hard_exit = Some(now + grace.saturating_sub(margin / 4));
+        let label = cause.label();
+        let gone = cause.workload_gone(self.cfg.lifecycle.native_sidecar);
+        let detail = format!("{cause:?}");
+        let first = !self.machine.triggered();
+        let effect = self.machine.trigger(cause.clone(), Instant::now());
+        if first {
             self.timings.trigger =
                 Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
-            {
-                let mut i = self.shared.inner.lock();
-                i.cause = Some(cause.clone());
-                i.deadline = self.force_at;
-            }
+            self.shared.inner.lock().cause = Some(cause);
+            self.shared.acct.set_watching(true);
             tracing::info!(
-                cause = cause.label(),
-                detail = ?cause,
+                cause = label,
+                detail,
                 workload_gone = gone,
-                grace_period = ?grace,
-                margin = ?margin,
+                grace_period = ?self.cfg.lifecycle.grace_period,
                 "shutdown triggered"
             );
-        } else if is_signal && self.signals_seen >= 2 && self.forced.is_none() {
-            tracing::warn!(
-                cause = cause.label(),
-                "second signal: stop waiting, finishing now"
-            );
-            self.force("second_signal");
-        } else {
-            tracing::info!(cause = cause.label(), detail = ?cause, workload_gone = gone, "further trigger");
         }
-        if gone && !self.workload_gone {
-            self.workload_gone = true;
-        }
-        if let Some(fs) = self.shared.fs() {
-            fs.acct.set_watching(true);
-        }
-    }
-
-    fn force(&mut self, reason: &'static str) {
-        if self.forced.is_some() {
-            return;
-        }
-        self.forced = Some(reason);
-        // "Finish now": the forced teardown gets the safety margin (at least 1 s), never more
-        // than what is left of the grace period.
-        let now = Instant::now();
-        let margin = self.cfg.lifecycle.grace_margin.max(Duration::from_secs(1));
-        self.force_at = Some(self.force_at.map_or(now, |f| f.min(now)));
-        self.hard_exit = Some(self.hard_exit.map_or(now + margin, |h| h.min(now + margin)));
-        self.shared.inner.lock().deadline = self.force_at;
-        let out = self.shared.acct.outstanding();
-        self.outstanding_at_force = Some(out);
-        if let Some(fs) = self.shared.fs() {
-            self.open_at_force = fs.open_paths(100).into_iter().map(|(p, _)| p).collect();
-        }
-        if !out.is_idle() {
-            Shared::count(&self.shared.forced, reason);
-        }
-        tracing::warn!(reason, outstanding = ?out, open = ?self.open_at_force, "forcing shutdown");
-    }
-
-    /// How long the mount has been idle, counted from the first trigger at the earliest: an
-    /// application that is still shutting down gets the whole quiet period after the trigger,
-    /// however idle the mount was before it.
-    fn idle_for(&self, acct: &Accounting) -> Duration {
-        let since_activity = acct.since_last_activity();
-        match self.t0 {
-            Some(t0) => since_activity.min(t0.elapsed()),
-            None => since_activity,
+        self.shared.inner.lock().deadline = self.machine.force_at();
+        match effect {
+            TriggerEffect::Forced(reason) => {
+                tracing::warn!(
+                    cause = label,
+                    reason = reason.name(),
+                    "{}",
+                    match reason {
+                        Forced::SecondSignal => "second signal: stop waiting, finishing now",
+                        Forced::LowerDied => "the lower is gone: nothing can be synced any more",
+                        _ => "forcing the teardown",
+                    }
+                );
+            }
+            TriggerEffect::Further => {
+                tracing::info!(
+                    cause = label,
+                    detail,
+                    workload_gone = gone,
+                    "further trigger"
+                );
+            }
+            TriggerEffect::First => {}
         }
     }
 
-    fn triggered(&self) -> bool {
-        self.t0.is_some()
+    /// Logs the machine's phase changes (the machine owns the phase; `Shared` mirrors it).
+    fn sync_phase(&mut self, why: &str) {
+        let phase = self.machine.phase();
+        if phase != self.shared.phase() {
+            self.shared.set_phase(phase, why);
+        }
     }
 
-    fn remaining_to_force(&self) -> Option<Duration> {
-        self.force_at
-            .map(|d| d.saturating_duration_since(Instant::now()))
+    /// Moves the machine (and the mirror) to a teardown phase.
+    fn advance(&mut self, to: Phase, why: &str) {
+        self.machine.advance(to);
+        self.sync_phase(why);
     }
 
-    async fn run_all(&mut self, acct: Arc<Accounting>) -> i32 {
+    /// Runs `fut` until it resolves or the step's budget (from `pick`) runs out; triggers that
+    /// arrive meanwhile are recorded, and one that forces the teardown shortens the bound.
+    /// `None` when the budget ran out.
+    async fn bounded<T>(
+        &mut self,
+        pick: impl Fn(&Budget) -> Duration,
+        fut: impl Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(fut);
+        let start = Instant::now();
+        let mut until = start + pick(&self.machine.budget(start));
+        loop {
+            tokio::select! {
+                v = &mut fut => return Some(v),
+                _ = tokio::time::sleep_until(until.into()) => return None,
+                ev = self.events.recv() => match ev {
+                    Some(ev) => {
+                        let before = self.machine.forced();
+                        self.on_event(ev);
+                        if self.machine.forced() != before {
+                            let now = Instant::now();
+                            until = until.min(now + pick(&self.machine.budget(now)));
+                        }
+                    }
+                    // Every sender is gone (cannot happen while `run` holds one): just wait.
+                    None => return Some(fut.await),
+                },
+            }
+        }
+    }
+
+    async fn run_all(&mut self, acct: Arc<Accounting>) -> ExitCode {
         // 1. The lower.
         let lower_path = self.cfg.fs.lower.clone();
         match self.cfg.lifecycle.lower_process.clone() {
@@ -693,9 +599,10 @@ impl Runner {
                     Ok(l) => self.lower = l,
                     Err(e) => {
                         tracing::error!(command = ?argv[0], error = %e, "cannot start the lower's process");
-                        self.lower_died =
-                            Some(format!("cannot start {}: {e}", argv[0].to_string_lossy()));
-                        return EXIT_LOWER_FAILED;
+                        self.on_event(Event::Trigger(Cause::LowerDied {
+                            detail: format!("cannot start {}: {e}", argv[0].to_string_lossy()),
+                        }));
+                        return ExitCode::LowerFailed;
                     }
                 }
                 tracing::info!(pid = self.lower.pid, command = ?argv, "started the lower's process; waiting for its mount");
@@ -704,14 +611,15 @@ impl Runner {
                 }
             }
             LowerProcess::Adopted { pid } => {
-                self.lower.pid = pid;
-                if let Err(e) = std::fs::metadata(&lower_path) {
+                self.lower = Lower::adopted(pid);
+                let p = lower_path.clone();
+                let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
+                if let Err(e) = answered {
                     tracing::error!(lower = %lower_path.display(), error = %e, "the lower does not answer");
-                    self.lower_died = Some(format!(
-                        "lower {} does not answer: {e}",
-                        lower_path.display()
-                    ));
-                    return EXIT_LOWER_FAILED;
+                    self.on_event(Event::Trigger(Cause::LowerDied {
+                        detail: format!("lower {} does not answer: {e}", lower_path.display()),
+                    }));
+                    return ExitCode::LowerFailed;
                 }
             }
         }
@@ -729,12 +637,15 @@ impl Runner {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 tracing::error!(lower = %self.cfg.fs.lower.display(), error = %e, "cannot open the lower");
-                self.stop_lower_after_failure().await;
-                return EXIT_LOWER_FAILED;
+                self.failed = true;
+                self.stop_lower_after_failure("drainfs could not open the lower")
+                    .await;
+                return ExitCode::LowerFailed;
             }
         };
         let init = Arc::new(Mutex::new(None));
-        let (session_done_tx, mut session_done) = oneshot::channel::<std::io::Result<()>>();
+        let (session_done_tx, session_done) = oneshot::channel::<std::io::Result<()>>();
+        let mut session_done = Some(session_done);
         let mounted = mount_session(
             &self.cfg,
             Arc::clone(&core),
@@ -749,9 +660,13 @@ impl Runner {
                 .and_then(|i: &InitInfo| i.passthrough_off_reason.clone());
             tracing::error!(mountpoint = %self.cfg.fs.mountpoint.display(), error = %e, reason = ?why, "cannot mount drainfs");
             self.notes.push(format!("mount failed: {e}"));
-            self.stop_lower_after_failure().await;
-            return EXIT_FAILURE;
+            self.failed = true;
+            self.stop_lower_after_failure("drainfs could not mount")
+                .await;
+            return ExitCode::Failed;
         }
+        // The FUSE connection behind drainfs's own mount (for an abort after a lazy detach).
+        let own_connection = mount::mount_at(&self.cfg.fs.mountpoint).and_then(|m| m.dev_minor);
         let info = init.lock().clone().unwrap_or_default();
         tracing::info!(
             mountpoint = %self.cfg.fs.mountpoint.display(),
@@ -774,9 +689,6 @@ impl Runner {
             i.fs = Some(Arc::clone(&core));
             i.init = Some(info);
         }
-        if self.triggered() {
-            acct.set_watching(true);
-        }
         // A real round trip through the mount before anyone is told it is ready.
         let mp = self.cfg.fs.mountpoint.clone();
         let rt = tokio::time::timeout(
@@ -797,335 +709,381 @@ impl Runner {
                 tracing::error!(result = ?other, "the first round trip through the mount failed")
             }
         }
-        self.shared.set_phase(Phase::Serving, "mounted");
+        self.machine.mounted();
+        self.sync_phase("mounted");
         if let Some(rf) = &self.cfg.lifecycle.ready_file
             && let Err(e) = summary::write_atomic(rf, b"ready\n")
         {
             tracing::warn!(path = %rf.display(), error = %e, "cannot write the ready file");
         }
 
-        // 3. Serve until triggered; then drain.
-        let mut session_ended = false;
+        // 3. Serve until the machine says the mount drained or the teardown is forced.
+        let ending = self.serve(&acct, &core, &mut session_done).await;
+
+        // 4. Teardown.
+        self.teardown(ending, core, session_done, own_connection)
+            .await
+    }
+
+    /// The serving loop: observe (door, then counts), step the machine, carry out its step,
+    /// wait for the next event, count change or wake-up time.
+    async fn serve(
+        &mut self,
+        acct: &Arc<Accounting>,
+        core: &Arc<Fs>,
+        session_done: &mut Option<oneshot::Receiver<std::io::Result<()>>>,
+    ) -> Ending {
         loop {
-            if self.lower.poll_exit().is_some() && self.lower_died.is_none() {
-                let st = self.lower.status.expect("polled");
-                self.on_event(Event::Trigger(Cause::LowerDied {
-                    detail: format!("lower process exited: {}", procs::describe(&st)),
-                }));
-                self.admission.set_lower_gone();
-            }
-            if self.triggered() {
-                if self.shared.phase() == Phase::Serving {
-                    let label = self
-                        .shared
-                        .inner
-                        .lock()
-                        .cause
-                        .as_ref()
-                        .map_or("", |c| c.label());
-                    self.shared.set_phase(Phase::Draining, label);
+            // Register for the count's change notification before reading the counts.
+            let changed = acct.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (door_closed, outstanding) = acct.observe();
+            let obs = Observation {
+                door_closed,
+                outstanding,
+                idle_for: acct.since_last_activity(),
+            };
+            let now = Instant::now();
+            let step = self.machine.step(now, &obs);
+            let why = match (self.machine.phase(), self.machine.door_reason()) {
+                (Phase::DoorClosed, Some(r)) => r.name(),
+                _ => self.machine.first_trigger().map_or("", |(_, c)| c.label()),
+            };
+            match step {
+                Step::CloseDoor => {
+                    self.admission.close();
+                    let reason = self.machine.door_reason().map_or("", DoorReason::name);
+                    tracing::info!(
+                        reason,
+                        "door closed: new opens, creates and namespace changes get ESHUTDOWN"
+                    );
                     if let Some(rf) = &self.cfg.lifecycle.ready_file {
                         let _ = std::fs::remove_file(rf);
                     }
+                    continue;
                 }
-                if self.lower_died.is_some() {
-                    self.admission.set_lower_gone();
-                }
-                let out = acct.outstanding();
-                let door_open = !self.admission.is_closed();
-                if door_open {
-                    let quiet =
-                        out.is_idle() && self.idle_for(&acct) >= self.cfg.lifecycle.quiet_period;
-                    if self.workload_gone || quiet || self.forced.is_some() {
-                        self.admission.close();
-                        self.timings.door_closed_ms = self.ms_since_trigger();
-                        let why = if self.workload_gone {
-                            "workload gone"
-                        } else if quiet {
-                            "mount quiet"
-                        } else {
-                            "forced"
-                        };
-                        self.shared.set_phase(Phase::DoorClosed, why);
+                Step::Teardown(ending) => {
+                    let reason = self.machine.door_reason().map_or("", DoorReason::name);
+                    self.sync_phase(reason);
+                    let (closed_at, drained_at) = self.machine.milestones();
+                    self.timings.door_closed_ms = self.ms_since(closed_at);
+                    self.timings.drained_ms = self.ms_since(drained_at);
+                    if let Ending::Forced(reason) = ending {
+                        let out = self.machine.outstanding_at_force().unwrap_or_default();
+                        self.open_at_force =
+                            core.open_paths(100).into_iter().map(|(p, _)| p).collect();
+                        if !out.is_idle() {
+                            *self.shared.forced.lock().entry(reason).or_default() += 1;
+                        }
+                        tracing::warn!(reason = reason.name(), outstanding = ?out, open = ?self.open_at_force, "forcing the teardown");
+                    } else {
+                        self.shared.inner.lock().drain_duration = self
+                            .machine
+                            .first_trigger()
+                            .and_then(|(t0, _)| drained_at.map(|d| d - t0));
+                        tracing::info!(
+                            after_ms = self.timings.drained_ms,
+                            "drained: nothing in flight, every handle released"
+                        );
                     }
+                    return ending;
                 }
-                if self.admission.is_closed() && out.is_idle() {
-                    self.timings.drained_ms = self.ms_since_trigger();
-                    self.shared.inner.lock().drain_duration = self.t0.map(|t| t.elapsed());
-                    tracing::info!(
-                        after_ms = self.timings.drained_ms,
-                        "drained: nothing in flight, every handle released"
-                    );
-                    break;
-                }
-                if self.forced.is_some() {
-                    break;
-                }
-                if self.lower_died.is_some() {
-                    // Nothing can be uploaded any more; give applications a moment to see EIO
-                    // and close, but never more than 5 s.
-                    let t0 = self.t0.expect("triggered");
-                    if t0.elapsed() >= Duration::from_secs(5) {
-                        self.force("lower_died");
-                        break;
-                    }
-                }
-                if self.remaining_to_force() == Some(Duration::ZERO) {
-                    self.force("deadline");
-                    break;
+                Step::AbortStart | Step::Wait { .. } => {}
+            }
+            if self.machine.phase() == Phase::Draining {
+                if let Some(rf) = &self.cfg.lifecycle.ready_file {
+                    let _ = std::fs::remove_file(rf);
                 }
             }
-            // Wait for something to change.
-            let wake = self.next_wake(&acct);
+            self.sync_phase(why);
+            let until = match step {
+                Step::Wait { until } => until,
+                _ => None,
+            };
+            let sleep = async move {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let lower_exit = self.lower.wait();
+            let lower_watched = self.lower.watched() && self.machine.lower_died().is_none();
+            let session = async {
+                match session_done.as_mut() {
+                    Some(rx) => rx.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let triggered = self.machine.triggered();
             tokio::select! {
                 ev = self.events.recv() => {
                     if let Some(ev) = ev { self.on_event(ev) }
                 }
-                st = self.lower.wait_exit(), if self.lower_died.is_none() && (self.lower.exit.is_some() || (self.lower.pid.is_some() && !self.lower.spawned)) => {
+                st = lower_exit, if lower_watched => {
                     self.on_event(Event::Trigger(Cause::LowerDied { detail: format!("lower process exited: {}", procs::describe(&st)) }));
-                    self.admission.set_lower_gone();
                 }
-                _ = self.admission.lower_gone_notify.notified(), if self.lower_died.is_none() => {
+                _ = self.admission.lower_gone_notify.notified(), if self.machine.lower_died().is_none() => {
                     self.on_event(Event::Trigger(Cause::LowerDied { detail: "the lower's FUSE connection failed (ENOTCONN/ECONNABORTED)".into() }));
                 }
-                r = &mut session_done, if !session_ended => {
-                    session_ended = true;
+                r = session => {
+                    *session_done = None;
                     tracing::warn!(result = ?r, "drainfs's mount was removed from outside");
                     self.on_event(Event::Trigger(Cause::UnmountedExternally));
+                    // No request can arrive any more: close what the kernel will never release.
+                    let c = Arc::clone(core);
+                    if let Some(failed) = self.bounded(|b| b.close_remaining, blocking(move || c.close_all())).await {
+                        self.failed_flushes.extend(failed);
+                    }
                 }
-                _ = acct.changed.notified(), if self.triggered() => {}
-                _ = tokio::time::sleep(wake) => {}
+                _ = &mut changed, if triggered => {}
+                _ = sleep => {}
             }
         }
-
-        // 4. Teardown.
-        self.teardown(core, session_done, session_ended).await
     }
 
-    fn next_wake(&self, acct: &Accounting) -> Duration {
-        let mut wake = Duration::from_secs(3600);
-        if let Some(left) = self.remaining_to_force() {
-            wake = wake.min(left);
-        }
-        if self.triggered() && !self.admission.is_closed() {
-            let since = self.idle_for(acct);
-            let q = self.cfg.lifecycle.quiet_period;
-            wake = wake.min(q.saturating_sub(since).max(Duration::from_millis(1)));
-        }
-        if self.lower_died.is_some() {
-            wake = wake.min(Duration::from_millis(100));
-        }
-        wake
-    }
-
-    async fn wait_lower_ready(&mut self, lower_path: &Path, before: Option<u64>) -> Option<i32> {
+    /// Waits for the lower's mount to appear at `lower_path` (a new mount ID, not `before`),
+    /// while watching the process and triggers. `Some(code)` when drainfs must exit.
+    async fn wait_lower_ready(
+        &mut self,
+        lower_path: &Path,
+        before: Option<u64>,
+    ) -> Option<ExitCode> {
         let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
         loop {
             if let Some(m) = mount::mount_at(lower_path)
                 && Some(m.id) != before
                 && !mount::is_dead(lower_path)
             {
-                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, "the lower is mounted");
+                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                self.lower_mount_id = Some(m.id);
                 return None;
             }
-            if let Some(st) = self.lower.poll_exit() {
+            if let Some(st) = self.lower.exited() {
                 let tail = self.lower.tail();
                 tracing::error!(status = %procs::describe(&st), stderr_tail = %tail, "the lower's process exited before its mount appeared");
-                self.lower_died = Some(format!(
-                    "exited before ready ({}): {}",
-                    procs::describe(&st),
-                    tail
-                ));
+                self.on_event(Event::Trigger(Cause::LowerDied {
+                    detail: format!("exited before ready ({}): {}", procs::describe(&st), tail),
+                }));
                 self.lower_exit = Some(procs::describe(&st));
-                self.cleanup_lower_mount(lower_path, before).await;
-                return Some(EXIT_LOWER_FAILED);
+                self.cleanup_new_lower_mount(lower_path, before).await;
+                return Some(ExitCode::LowerFailed);
             }
-            if self.triggered() {
+            if self.machine.step(Instant::now(), &Observation::default()) == Step::AbortStart {
                 tracing::info!(
                     "shutdown before the lower was ready: stopping it; nothing was mounted"
                 );
                 self.stop_lower("shutdown before the lower was ready").await;
-                self.cleanup_lower_mount(lower_path, before).await;
-                let code = if self.lower_clean {
-                    EXIT_OK
-                } else {
-                    EXIT_LOWER_FAILED
-                };
-                return Some(code);
+                self.cleanup_new_lower_mount(lower_path, before).await;
+                return Some(match self.lower_stop {
+                    Some(LowerStop::Clean) | Some(LowerStop::NotSupervised) | None => {
+                        ExitCode::Clean
+                    }
+                    _ => ExitCode::LowerFailed,
+                });
             }
             if Instant::now() >= deadline {
                 tracing::error!(timeout = ?self.cfg.lifecycle.lower_ready_timeout, stderr_tail = %self.lower.tail(), "the lower's mount did not appear in time");
-                self.lower_died = Some(format!(
-                    "mount did not appear within {:?}",
-                    self.cfg.lifecycle.lower_ready_timeout
-                ));
-                self.t0.get_or_insert(Instant::now());
-                self.force_at = Some(Instant::now() + Duration::from_secs(5));
-                self.hard_exit = self.force_at;
+                self.on_event(Event::Trigger(Cause::LowerDied {
+                    detail: format!(
+                        "mount did not appear within {:?}",
+                        self.cfg.lifecycle.lower_ready_timeout
+                    ),
+                }));
                 self.stop_lower("the lower's mount did not appear in time")
                     .await;
-                self.cleanup_lower_mount(lower_path, before).await;
-                return Some(EXIT_LOWER_FAILED);
+                self.cleanup_new_lower_mount(lower_path, before).await;
+                return Some(ExitCode::LowerFailed);
             }
+            // The mount table has no cheap notification usable here; 20 ms polling only lasts
+            // while the lower starts.
             tokio::select! {
                 ev = self.events.recv() => if let Some(ev) = ev { self.on_event(ev) },
-                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
     }
 
-    /// Unmounts a lower mount that appeared (or died) at `path` after `before`.
-    async fn cleanup_lower_mount(&mut self, path: &Path, before: Option<u64>) {
+    /// Removes a FUSE mount that appeared at `path` after `before` (a lower that mounted and
+    /// then failed or was stopped before drainfs took over).
+    async fn cleanup_new_lower_mount(&mut self, path: &Path, before: Option<u64>) {
         if let Some(m) = mount::mount_at(path)
             && Some(m.id) != before
+            && m.fstype.starts_with("fuse")
         {
-            let p = path.to_path_buf();
-            let lazy = mount::is_dead(path);
-            let res = blocking(move || {
-                if lazy {
-                    mount::abort_fuse_connection(&p);
-                }
-                mount::unmount(&p, lazy, Duration::from_secs(5))
-                    .or_else(|_| mount::unmount(&p, true, Duration::from_secs(5)))
-            })
+            self.lower_mount_id = Some(m.id);
+        }
+        self.remove_lower_mount(path).await;
+    }
+
+    /// Removes the lower's FUSE mount if it is still the topmost mount at `path` (identified by
+    /// the mount ID seen when it appeared; a volume's own bind mount is never touched).
+    async fn remove_lower_mount(&mut self, path: &Path) {
+        let Some(id) = self.lower_mount_id else {
+            return;
+        };
+        match mount::mount_at(path) {
+            Some(m) if m.id == id => {}
+            _ => return,
+        }
+        let p = path.to_path_buf();
+        let exited = self.lower.exited().is_some() || !self.lower.watched();
+        let res = self
+            .bounded(
+                |b| b.lower_kill.max(Duration::from_millis(100)),
+                blocking(move || {
+                    if mount::mount_at(&p).is_none_or(|m| m.id != id) {
+                        return Ok(None);
+                    }
+                    if exited || mount::is_dead(&p) {
+                        mount::abort_fuse_connection(&p);
+                    }
+                    mount::unmount(&p, true, Duration::from_secs(5)).map(Some)
+                }),
+            )
             .await;
-            tracing::info!(lower = %path.display(), result = ?res, "removed the lower's leftover mount");
-        }
+        tracing::info!(lower = %path.display(), mount_id = id, result = ?res, "removed the lower's lingering mount");
     }
 
-    async fn stop_lower_after_failure(&mut self) {
+    async fn stop_lower_after_failure(&mut self, why: &str) {
         if self.lower.spawned {
-            self.t0.get_or_insert(Instant::now());
-            self.force_at
-                .get_or_insert(Instant::now() + Duration::from_secs(10));
-            self.hard_exit
-                .get_or_insert(Instant::now() + Duration::from_secs(10));
-            self.stop_lower("drainfs could not mount").await;
+            self.on_event(Event::Trigger(Cause::LowerDied {
+                detail: why.to_string(),
+            }));
+            self.stop_lower(why).await;
             let p = self.cfg.fs.lower.clone();
-            self.cleanup_lower_mount(&p, None).await;
+            self.remove_lower_mount(&p).await;
         }
     }
 
-    /// Sends the lower its stop signal and waits (bounded by the deadline); SIGKILL after.
+    /// Sends the lower its stop signal and waits within the budget; SIGKILL after.
     async fn stop_lower(&mut self, why: &str) {
-        let Some(pid) = self.lower.pid else { return };
-        self.shared.set_phase(Phase::StoppingLower, why);
+        let Some(pid) = self.lower.pid else {
+            self.lower_stop = Some(LowerStop::NotSupervised);
+            return;
+        };
+        self.advance(Phase::StoppingLower, why);
         let sig = self.cfg.lifecycle.lower_signal;
-        if self.lower.poll_exit().is_none() {
+        if self.lower.exited().is_none() {
             tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
         }
-        // Normally until the deadline; in a forced teardown, half of what is left before the hard
-        // exit (then SIGKILL, which also releases any of our threads stuck in a lower FLUSH:
-        // FUSE FLUSH requests wait uninterruptibly for the lower's answer).
-        let bound = if self.forced.is_some() {
-            self.hard_exit.map_or(Duration::ZERO, |h| {
-                h.saturating_duration_since(Instant::now()) / 2
-            })
-        } else {
-            self.force_at.map_or(Duration::from_secs(30), |f| {
-                f.saturating_duration_since(Instant::now())
-            })
-        };
-        let st = match tokio::time::timeout(bound, self.lower.wait_exit()).await {
-            Ok(st) => Some(st),
-            Err(_) => {
-                tracing::warn!(
-                    pid,
-                    "the lower's process did not exit before the deadline: SIGKILL"
-                );
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-                Shared::count(&self.shared.forced, "lower_sigkill");
-                self.lower_clean = false;
-                if self.forced.is_none() {
-                    self.forced = Some("lower_sigkill");
-                }
-                let bound = self.hard_exit.map_or(Duration::from_secs(1), |h| {
-                    h.saturating_duration_since(Instant::now())
-                });
-                tokio::time::timeout(bound, self.lower.wait_exit())
-                    .await
-                    .ok()
-            }
-        };
+        let wait = self.lower.wait();
+        let mut st = self.bounded(|b| b.lower_stop, wait).await;
+        let mut killed = false;
+        if st.is_none() {
+            tracing::warn!(
+                pid,
+                "the lower's process did not exit within its budget: SIGKILL"
+            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            killed = true;
+            self.machine.lower_killed(Instant::now());
+            *self
+                .shared
+                .forced
+                .lock()
+                .entry(Forced::LowerSigkill)
+                .or_default() += 1;
+            let wait = self.lower.wait();
+            st = self.bounded(|b| b.lower_kill, wait).await;
+        }
         self.timings.lower_exited_ms = self.ms_since_trigger();
         self.shared.inner.lock().lower_up = false;
+        self.lower_stop = Some(if killed {
+            LowerStop::Killed
+        } else {
+            match &st {
+                Some(s) if !self.lower.spawned || clean_stop(s, sig) => LowerStop::Clean,
+                _ => LowerStop::Unclean,
+            }
+        });
         if let Some(st) = st {
             self.lower_exit = Some(procs::describe(&st));
-            let clean = !self.lower.spawned || clean_stop(&st, sig);
-            if !clean {
-                self.lower_clean = false;
-            }
-            tracing::info!(pid, status = %procs::describe(&st), clean, "the lower's process exited");
+            tracing::info!(pid, status = %procs::describe(&st), stop = ?self.lower_stop, "the lower's process exited");
         }
     }
 
     async fn teardown(
         &mut self,
+        ending: Ending,
         core: Arc<Fs>,
-        session_done: oneshot::Receiver<std::io::Result<()>>,
-        session_ended: bool,
-    ) -> i32 {
+        session_done: Option<oneshot::Receiver<std::io::Result<()>>>,
+        own_connection: Option<u32>,
+    ) -> ExitCode {
         let mp = self.cfg.fs.mountpoint.clone();
-        let hard = self
-            .hard_exit
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(10));
-        let left = || hard.saturating_duration_since(Instant::now());
-        self.shared.set_phase(
-            Phase::Unmounting,
-            if self.forced.is_some() {
-                "forced"
-            } else {
-                "drained"
-            },
-        );
-        if self.forced.is_some() {
+        let why = match ending {
+            Ending::Drained => "drained",
+            Ending::Forced(r) => r.name(),
+        };
+        self.advance(Phase::Unmounting, why);
+        let forced = matches!(ending, Ending::Forced(_));
+        if forced {
             // Flush and close what is left (a flush may hang on a wedged lower: bounded).
             let c = Arc::clone(&core);
-            let budget = left() / 4;
-            match tokio::time::timeout(budget, blocking(move || c.close_all())).await {
-                Ok(failed) => self.failed_flushes.extend(failed),
-                Err(_) => self.notes.push(
-                    "closing the remaining lower fds did not finish before the deadline".into(),
+            match self
+                .bounded(|b| b.close_remaining, blocking(move || c.close_all()))
+                .await
+            {
+                Some(failed) => self.failed_flushes.extend(failed),
+                None => self.notes.push(
+                    "closing the remaining lower fds did not finish within its budget".into(),
                 ),
             }
         }
-        if !session_ended {
+        if let Some(session_done) = session_done {
             let p = mp.clone();
-            let lazy_first = self.forced.is_some() || self.lower_died.is_some();
-            let res = tokio::time::timeout(
-                left(),
-                blocking(move || {
-                    if lazy_first {
-                        mount::unmount(&p, true, Duration::from_secs(5))
-                    } else {
-                        mount::unmount_or_detach(&p, Duration::from_secs(5))
-                    }
-                }),
-            )
-            .await;
-            match res {
-                Ok(Ok(u)) => {
-                    tracing::info!(mountpoint = %mp.display(), how = ?u, "unmounted drainfs")
+            let lazy_first = forced || self.machine.lower_died().is_some();
+            let res = self
+                .bounded(
+                    |b| b.unmount,
+                    blocking(move || {
+                        if lazy_first {
+                            mount::unmount(&p, true, Duration::from_secs(5))
+                        } else {
+                            mount::unmount_or_detach(&p, Duration::from_secs(5))
+                        }
+                    }),
+                )
+                .await;
+            let lazy = match res {
+                Some(Ok(u)) => {
+                    tracing::info!(mountpoint = %mp.display(), how = ?u, "unmounted drainfs");
+                    u == mount::Unmounted::Lazy
                 }
-                Ok(Err(e)) => {
+                Some(Err(e)) => {
                     tracing::error!(error = %e, "unmounting drainfs failed");
-                    self.notes.push(e);
+                    self.notes.push(e.to_string());
+                    true
                 }
-                Err(_) => self
-                    .notes
-                    .push("unmounting drainfs did not finish before the deadline".into()),
+                None => {
+                    self.notes
+                        .push("unmounting drainfs did not finish within its budget".into());
+                    true
+                }
+            };
+            if lazy {
+                // Detached but still referenced (a process's cwd or open file): the session
+                // would run until the last reference goes. Nothing outstanding remains to be
+                // served (or it was forced), so end the connection now.
+                if let Some(minor) = own_connection {
+                    mount::abort_connection(minor);
+                }
             }
+            let wait = session_done;
+            let _ = self
+                .bounded(|b| b.unmount.min(Duration::from_secs(2)), wait)
+                .await;
         }
         self.timings.unmounted_ms = self.ms_since_trigger();
-        let _ = tokio::time::timeout(left().min(Duration::from_secs(2)), session_done).await;
-        if self.forced.is_none() {
-            let failed = blocking({
-                let c = Arc::clone(&core);
-                move || c.close_all()
-            })
-            .await;
-            self.failed_flushes.extend(failed);
+        if !forced {
+            let c = Arc::clone(&core);
+            if let Some(failed) = self
+                .bounded(|b| b.close_remaining, blocking(move || c.close_all()))
+                .await
+            {
+                self.failed_flushes.extend(failed);
+            }
         }
         self.failed_flushes.extend(core.failed_flushes());
         // Close every lower fd drainfs holds (the root's and the O_PATH cache) by dropping the
@@ -1142,86 +1100,59 @@ impl Runner {
         }
 
         // The lower.
-        if self.lower.pid.is_some() {
-            let why = if self.forced.is_some() {
+        if self.lower.watched() {
+            self.stop_lower(if forced {
                 "forced teardown"
             } else {
                 "drained and unmounted"
-            };
-            self.stop_lower(why).await;
-        }
-        let lower = self.cfg.fs.lower.clone();
-        if self.lower.spawned || self.lower_died.is_some() || self.lower.pid.is_some() {
-            // Wait for its mount to go (gcsfuse unmounts on SIGINT); remove it if it lingers
-            // or is dead.
-            let until = Instant::now() + left().min(Duration::from_secs(2));
-            while mount::mount_at(&lower).is_some()
-                && Instant::now() < until
-                && self.lower.status.is_none()
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            if mount::mount_at(&lower).is_some() {
-                // Off the runtime thread: `is_dead` stats the lower, which blocks if it is wedged.
-                // A lazy detach is one syscall that does not wait on the lower, so it gets a
-                // small minimum even when the deadline has nothing left.
+            })
+            .await;
+            // Wait for its mount to go (gcsfuse unmounts on SIGINT); remove it if it lingers.
+            let lower = self.cfg.fs.lower.clone();
+            if let Some(id) = self.lower_mount_id {
                 let p = lower.clone();
-                let exited = self.lower.status.is_some();
-                let res = tokio::time::timeout(
-                    left().max(Duration::from_millis(100)),
-                    blocking(move || {
-                        if exited || mount::is_dead(&p) {
-                            mount::abort_fuse_connection(&p);
-                            mount::unmount(&p, true, Duration::from_secs(5)).map(Some)
-                        } else {
-                            Ok(None)
-                        }
-                    }),
-                )
-                .await;
-                tracing::info!(lower = %lower.display(), result = ?res, "removed the lower's lingering mount");
+                let gone = async move {
+                    while mount::mount_at(&p).is_some_and(|m| m.id == id) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                };
+                let _ = self
+                    .bounded(|b| b.lower_kill.min(Duration::from_secs(2)), gone)
+                    .await;
             }
+            self.remove_lower_mount(&lower).await;
         }
-        self.exit_code()
+        drain_exit_code(self)
     }
 
-    fn exit_code(&self) -> i32 {
-        if self.lower_died.is_some() || !self.lower_clean && self.forced.is_none() {
-            return EXIT_LOWER_FAILED;
-        }
-        let forced_with_work =
-            self.forced.is_some() && self.outstanding_at_force.is_some_and(|o| !o.is_idle());
-        if forced_with_work
-            || !self.failed_flushes.is_empty()
-            || self.forced == Some("lower_sigkill")
-        {
-            return EXIT_INCOMPLETE;
-        }
-        EXIT_OK
-    }
-
-    fn summary(&self, code: i32) -> summary::Summary {
+    fn summary(&self, code: ExitCode) -> summary::Summary {
         let acct = &self.shared.acct;
         summary::Summary {
-            exit_code: code,
-            outcome: match code {
-                EXIT_OK => "clean",
-                EXIT_INCOMPLETE => "incomplete",
-                EXIT_LOWER_FAILED => "lower_failed",
-                _ => "failed",
-            },
+            exit_code: code.code(),
+            outcome: code.outcome(),
             cause: self.shared.inner.lock().cause.clone(),
-            forced: self.forced,
-            lower_died: self.lower_died.clone(),
+            forced: self.machine.forced(),
+            lower_died: self.machine.lower_died().map(str::to_string),
             lower_exit: self.lower_exit.clone(),
             timings: self.timings.clone(),
-            outstanding_at_force: self.outstanding_at_force,
+            outstanding_at_force: self.machine.outstanding_at_force(),
             open_paths: self.open_at_force.clone(),
             failed_flushes: self.failed_flushes.clone(),
             counts: summary::Counts::from(acct.as_ref()),
             notes: self.notes.clone(),
         }
     }
+}
+
+fn drain_exit_code(r: &Runner) -> ExitCode {
+    crate::drain::exit_code(&Outcome {
+        lower_died: r.machine.lower_died().is_some(),
+        lower_stop: r.lower_stop,
+        forced: r.machine.forced(),
+        outstanding_at_force: r.machine.outstanding_at_force(),
+        failed_flushes: r.failed_flushes.len(),
+        failed: r.failed,
+    })
 }
 
 /// Tells systemd (when `NOTIFY_SOCKET` is set) READY=1 once serving, STOPPING=1 once
@@ -1272,7 +1203,10 @@ pub fn default_fd_budget() -> usize {
         .max(64)
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+/// Runs `f` on a thread of its own (not the runtime's blocking pool: a call stuck in a wedged
+/// lower must not hold a pool thread the runtime waits for at shutdown). If the awaiting
+/// future is dropped, the thread finishes on its own.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = oneshot::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());

@@ -21,7 +21,7 @@ fn main() {
         Err(e) => {
             let _ = e.print();
             std::process::exit(if e.use_stderr() {
-                drainfs::lifecycle::EXIT_USAGE
+                drainfs::drain::ExitCode::Usage.code()
             } else {
                 0
             });

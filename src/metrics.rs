@@ -33,7 +33,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::accounting::{DURATION_BUCKETS, HandleMode, Histogram, Op};
-use crate::lifecycle::{Cause, Phase, Shared};
+use strum::IntoEnumIterator;
+
+use crate::lifecycle::{CauseKind, Forced, Phase, Shared};
 
 /// Builds the registry with the drainfs collector.
 pub fn registry(shared: Arc<Shared>) -> Registry {
@@ -120,10 +122,6 @@ fn gauge_family<'a>(
 }
 
 /// The count recorded for `key` in a `(label, count)` list, 0 if absent.
-fn count_of(list: &[(&'static str, u64)], key: &str) -> u64 {
-    list.iter().find(|(k, _)| *k == key).map_or(0, |(_, n)| *n)
-}
-
 impl Collector for DrainCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.shared;
@@ -147,9 +145,7 @@ impl Collector for DrainCollector {
             "phase",
             "Lifecycle phase (1 for the current one)",
             "phase",
-            Phase::ALL
-                .iter()
-                .map(|p| (p.name(), i64::from(*p == phase))),
+            Phase::iter().map(|p| (p.name(), i64::from(p == phase))),
         )?;
         let ops = || Op::ALL.iter().map(|op| (op.name(), a.op_stats(*op)));
         counter_family(
@@ -257,7 +253,7 @@ impl Collector for DrainCollector {
             "shutdown_triggers",
             "Shutdown triggers received, by cause",
             "cause",
-            Cause::LABELS.iter().map(|c| (*c, count_of(&triggers, c))),
+            CauseKind::iter().map(|c| (c.name(), triggers.get(&c).copied().unwrap_or(0))),
         )?;
         let forced = s.forced.lock().clone();
         counter_family(
@@ -265,8 +261,7 @@ impl Collector for DrainCollector {
             "forced_shutdowns",
             "Shutdowns forced with work outstanding, by reason",
             "reason",
-            ["deadline", "second_signal", "lower_died", "lower_sigkill"]
-                .map(|r| (r, count_of(&forced, r))),
+            Forced::iter().map(|r| (r.name(), forced.get(&r).copied().unwrap_or(0))),
         )?;
         gauge_f(
             &mut enc,

@@ -20,6 +20,9 @@ pub struct MountInfo {
     pub fstype: String,
     /// Mount source.
     pub source: String,
+    /// Minor device number (`major:minor` field); for a FUSE mount, its connection number in
+    /// `/sys/fs/fuse/connections/`.
+    pub dev_minor: Option<u32>,
 }
 
 fn unescape(field: &str) -> PathBuf {
@@ -55,6 +58,10 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
                 mount_point: unescape(left.get(4)?),
                 fstype: (*right.first()?).to_string(),
                 source: unescape(right.get(1)?).to_string_lossy().into_owned(),
+                dev_minor: left
+                    .get(2)
+                    .and_then(|d| d.split(':').nth(1))
+                    .and_then(|m| m.parse().ok()),
             })
         })
         .collect()
@@ -326,20 +333,14 @@ pub fn abort_fuse_connection(path: &Path) -> bool {
     }
     // The connection's number is the minor of the mount's st_dev, read from mountinfo's
     // major:minor field (stat on a wedged mount would hang).
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let Some(line) = text
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').next().and_then(|i| i.parse::<u64>().ok()) == Some(m.id))
-    else {
-        return false;
-    };
-    let Some(devno) = line.split(' ').nth(2) else {
-        return false;
-    };
-    let Some(minor) = devno.split(':').nth(1) else {
-        return false;
-    };
+    m.dev_minor.is_some_and(abort_connection)
+}
+
+/// Aborts FUSE connection `minor` (`/sys/fs/fuse/connections/<minor>/abort`): every pending
+/// request fails with ECONNABORTED and later ones with ENOTCONN; the daemon's read of
+/// `/dev/fuse` returns ENODEV. Works after the mount was detached. Returns whether it was
+/// written.
+pub fn abort_connection(minor: u32) -> bool {
     std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").is_ok()
 }
 

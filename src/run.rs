@@ -2,7 +2,7 @@
 //! plane. FUSE requests are served on fuser's own threads, never on the runtime.
 
 use crate::config::RunConfig;
-use crate::lifecycle::{self, Control, EXIT_FAILURE, EXIT_USAGE, Event};
+use crate::lifecycle::{self, Control, Event, ExitCode};
 use crate::{logging, mount, signals};
 
 /// Runs `drainfs run` and returns the process exit status.
@@ -10,7 +10,7 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
     // Before any thread exists: every thread inherits a mask with the handled signals blocked.
     if let Err(e) = signals::block_all() {
         eprintln!("drainfs: error: cannot set up signal handling: {e}");
-        return EXIT_FAILURE;
+        return ExitCode::Failed.code();
     }
     logging::init(&cfg.log);
     if cfg.check_config {
@@ -18,7 +18,7 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
             Ok(j) => println!("{j}"),
             Err(e) => {
                 eprintln!("drainfs: error: {e}");
-                return EXIT_FAILURE;
+                return ExitCode::Failed.code();
             }
         }
         return 0;
@@ -34,7 +34,7 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         }
         Err(e) => {
             eprintln!("drainfs: error: {e}");
-            return EXIT_USAGE;
+            return ExitCode::Usage.code();
         }
     }
     prepare_process();
@@ -46,14 +46,14 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("drainfs: error: cannot start the runtime: {e}");
-            return EXIT_FAILURE;
+            return ExitCode::Failed.code();
         }
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let sig_tx = tx.clone();
     if let Err(e) = signals::spawn_waiter(move |sig| sig_tx.send(Event::Signal(sig)).is_ok()) {
         eprintln!("drainfs: error: cannot start the signal thread: {e}");
-        return EXIT_FAILURE;
+        return ExitCode::Failed.code();
     }
     let code = rt.block_on(lifecycle::run(cfg, tx, rx, on_control));
     // Threads stuck in a wedged lower must not keep the process alive past the deadline.

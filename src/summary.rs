@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde::Serialize;
 
 use crate::accounting::{Accounting, HandleMode, Op, Outstanding};
-use crate::lifecycle::{Cause, Timings};
+use crate::lifecycle::{Cause, Forced, Timings};
 
 /// Kubernetes truncates termination messages at 4096 bytes.
 pub const TERMINATION_LOG_CAP: usize = 4096;
@@ -59,15 +59,15 @@ impl From<&Accounting> for Counts {
 /// The shutdown summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// The process's exit status (0, 69, 75, 1).
+    /// The process's exit status (0, 1, 69, 75).
     pub exit_code: i32,
-    /// `clean`, `incomplete`, `lower_failed`, `failed`.
+    /// [`crate::drain::ExitCode::outcome`]: `clean`, `failed`, `lower_failed`, `incomplete`.
     pub outcome: &'static str,
     /// The first trigger.
     pub cause: Option<Cause>,
     /// Why the exit was forced, if it was (`deadline`, `second_signal`, `lower_died`,
     /// `lower_sigkill`).
-    pub forced: Option<&'static str>,
+    pub forced: Option<Forced>,
     /// What was seen of the lower dying, if it did.
     pub lower_died: Option<String>,
     /// How the lower's process ended.
@@ -154,7 +154,7 @@ mod tests {
             exit_code: 75,
             outcome: "incomplete",
             cause: Some(Cause::Sigterm),
-            forced: Some("deadline"),
+            forced: Some(Forced::Deadline),
             lower_died: None,
             lower_exit: None,
             timings: Timings::default(),

@@ -193,29 +193,34 @@ impl Handle {
     }
 }
 
-/// The shutdown gate shared with the lifecycle.
-#[derive(Debug, Default)]
+/// The shutdown gate shared with the lifecycle: the door (kept in the accounting's
+/// [`crate::gate::Gate`], beside the in-flight count) and whether the lower is gone.
+#[derive(Debug)]
 pub struct Admission {
-    closed: AtomicBool,
+    acct: Arc<Accounting>,
     lower_gone: AtomicBool,
     /// Signalled once when an operation first sees the lower's connection gone.
     pub lower_gone_notify: tokio::sync::Notify,
 }
 
 impl Admission {
-    /// New, open.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// New, open, sharing `acct`'s door.
+    pub fn new(acct: &Arc<Accounting>) -> Arc<Self> {
+        Arc::new(Admission {
+            acct: Arc::clone(acct),
+            lower_gone: AtomicBool::new(false),
+            lower_gone_notify: tokio::sync::Notify::new(),
+        })
     }
 
     /// Closes the door: new opens, creates and namespace changes fail with `ESHUTDOWN`.
     pub fn close(&self) {
-        self.closed.store(true, SeqCst);
+        self.acct.close_door();
     }
 
     /// Whether the door is closed.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(SeqCst)
+        !self.acct.door_open()
     }
 
     /// Marks the lower as gone: every operation fails with `EIO` from now on.
@@ -223,11 +228,6 @@ impl Admission {
         if !self.lower_gone.swap(true, SeqCst) {
             self.lower_gone_notify.notify_one();
         }
-    }
-
-    /// Whether the lower is gone.
-    pub fn lower_gone(&self) -> bool {
-        self.lower_gone.load(Relaxed)
     }
 
     #[inline]
@@ -239,13 +239,14 @@ impl Admission {
         }
     }
 
+    /// For a request already counted in flight: `ESHUTDOWN` once the door is closed.
     #[inline]
     fn check_admit(&self) -> Result<()> {
         self.check_alive()?;
-        if self.closed.load(Relaxed) {
-            Err(Kind::Shutdown.into())
-        } else {
+        if self.acct.door_open() {
             Ok(())
+        } else {
+            Err(Kind::Shutdown.into())
         }
     }
 }

@@ -3,13 +3,14 @@
 use super::*;
 
 fn fs_on(dir: &Path, max_fds: usize) -> Fs {
+    let acct = Accounting::new();
     Fs::new(
         dir,
         CoreConfig {
             max_lower_fds: max_fds,
         },
-        Accounting::new(),
-        Admission::new(),
+        Arc::clone(&acct),
+        Admission::new(&acct),
     )
     .unwrap()
 }

@@ -80,6 +80,7 @@ pub struct Relay {
     changed: tokio::sync::Notify,
     init: Mutex<Option<InitCaps>>,
     shut_wr: AtomicBool,
+    kernel_gone: AtomicBool,
     on_event: OnEvent,
 }
 
@@ -117,6 +118,7 @@ impl Relay {
             changed: tokio::sync::Notify::new(),
             init: Mutex::new(None),
             shut_wr: AtomicBool::new(false),
+            kernel_gone: AtomicBool::new(false),
             on_event: Box::new(on_event),
         });
         let k = Arc::clone(&relay);
@@ -163,6 +165,12 @@ impl Relay {
     /// What INIT negotiated, once the daemon answered it.
     pub fn init_caps(&self) -> Option<InitCaps> {
         *self.init.lock()
+    }
+
+    /// Whether the kernel side of the connection went away (set before the daemon is sent
+    /// EOF, so a daemon EOF that follows is known to be the consequence).
+    pub fn kernel_gone(&self) -> bool {
+        self.kernel_gone.load(Ordering::SeqCst)
     }
 
     /// Whether the daemon's end reached EOF.
@@ -226,18 +234,18 @@ impl Relay {
         loop {
             let n = match nix::unistd::read(self.kernel.as_fd(), &mut buf) {
                 Ok(0) => {
-                    self.kernel_gone(Errno::ENODEV);
+                    self.on_kernel_gone(Errno::ENODEV);
                     return;
                 }
                 Ok(n) => n,
                 Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
                 Err(e @ (Errno::ENODEV | Errno::ECONNABORTED)) => {
-                    self.kernel_gone(e);
+                    self.on_kernel_gone(e);
                     return;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "relay: reading the FUSE connection failed");
-                    self.kernel_gone(e);
+                    self.on_kernel_gone(e);
                     return;
                 }
             };
@@ -245,8 +253,9 @@ impl Relay {
         }
     }
 
-    fn kernel_gone(&self, e: Errno) {
+    fn on_kernel_gone(&self, e: Errno) {
         tracing::info!(error = %e, "relay: the kernel side of the FUSE connection is gone");
+        self.kernel_gone.store(true, Ordering::SeqCst);
         self.stop();
         self.emit(EngineEvent::KernelGone(e));
     }

@@ -27,10 +27,15 @@ use super::engine::{EngineEvent, Limits, Relay};
 use super::inflight::{Counters, Outstanding};
 use super::init::InitCaps;
 use crate::config::{AdminConfig, LifecycleConfig, LogConfig};
-use crate::lifecycle::{
-    Cause, EXIT_FAILURE, EXIT_INCOMPLETE, EXIT_LOWER_FAILED, EXIT_OK, EXIT_USAGE, Event,
-};
+use crate::lifecycle::{Cause, Event};
 use crate::{logging, procs, signals, summary, triggers};
+
+// Exit statuses as `match` patterns; equal to [`ExitCode::code`] (checked by a unit test).
+const EXIT_OK: i32 = 0;
+const EXIT_FAILURE: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+const EXIT_LOWER_FAILED: i32 = 69;
+const EXIT_INCOMPLETE: i32 = 75;
 
 /// The fd number the daemon finds its socket end at (`/dev/fd/3`, as the CSI driver passes).
 pub const DAEMON_FD: RawFd = 3;
@@ -467,7 +472,7 @@ impl Runner {
                     }
                     Some(EngineEvent::DaemonEof { .. }) | None => {
                         self.t0 = Some(Instant::now());
-                        return Stop::DaemonGone;
+                        return self.daemon_gone_or_kernel_gone();
                     }
                 },
                 st = &mut self.exit_rx, if self.status.is_none() => {
@@ -475,9 +480,20 @@ impl Runner {
                         self.daemon_exited(st);
                     }
                     self.t0 = Some(Instant::now());
-                    return Stop::DaemonGone;
+                    return self.daemon_gone_or_kernel_gone();
                 }
             }
+        }
+    }
+
+    /// The daemon's end closed or the daemon exited: a consequence of the kernel side going
+    /// away (the relay sent it EOF) or a death of its own. The engine's flag is set before
+    /// the EOF is sent, so the two cannot be confused whatever order the events arrive in.
+    fn daemon_gone_or_kernel_gone(&self) -> Stop {
+        if self.relay.kernel_gone() {
+            Stop::KernelGone
+        } else {
+            Stop::DaemonGone
         }
     }
 
@@ -642,6 +658,7 @@ pub fn is_gcsfuse_dropin(arg0: &OsStr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drain::ExitCode;
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
@@ -669,6 +686,15 @@ mod tests {
         ] {
             assert!(plan_argv(&bad, None).is_err(), "accepted {bad:?}");
         }
+    }
+
+    #[test]
+    fn exit_codes_match_the_drain_machine() {
+        assert_eq!(EXIT_OK, ExitCode::Clean.code());
+        assert_eq!(EXIT_FAILURE, ExitCode::Failed.code());
+        assert_eq!(EXIT_USAGE, ExitCode::Usage.code());
+        assert_eq!(EXIT_LOWER_FAILED, ExitCode::LowerFailed.code());
+        assert_eq!(EXIT_INCOMPLETE, ExitCode::Incomplete.code());
     }
 
     #[test]

@@ -1,0 +1,1141 @@
+//! The drain decision: a pure state machine, shared by both data paths (the passthrough mount
+//! and the relay).
+//!
+//! Inputs are [`Cause`]s (triggers), [`Observation`]s (the door's state and the outstanding
+//! counts, read in that order) and the time; outputs are [`Step`]s (wait until, close the door,
+//! tear down) and, at the end, an [`ExitCode`]. Nothing here reads a clock, a counter or a file,
+//! so every ordering can be unit-tested with fake time; the executors
+//! ([`crate::lifecycle`], [`crate::relay`]) do the I/O.
+//!
+//! # Phases
+//! `starting` (the lower is starting; nothing mounted) → `serving` → `draining` (a trigger
+//! arrived; the door stays open while the workload may still be shutting down) →
+//! `door_closed` (new opens, creates and namespace changes get `ESHUTDOWN`) → `unmounting` →
+//! `stopping_lower` → `done`.
+//!
+//! # The door and the counts
+//! The machine declares "drained" only from an observation whose counts were read *after* the
+//! door was seen closed ([`Observation::door_closed`] is read first). Together with the data
+//! path's side (an admitted request is counted in flight *before* it checks the door, see
+//! [`crate::gate`]), this means a request that got past the door is always in the counts the
+//! machine decides on. An executor must also register for change notifications *before* it
+//! reads an observation, or a change in between is a lost wake-up.
+//!
+//! # Deadlines
+//! The first trigger starts the clock `t0`. Outstanding work is waited for until
+//! `force_at = t0 + grace_period − margin`; the process must be gone by
+//! `hard_exit = t0 + grace_period − margin/4`, before the kubelet's SIGKILL. `margin` is
+//! `--grace-margin`, at most half the grace period. A forced teardown (deadline, second signal,
+//! lower dead) gets budgets from [`Machine::budget`], all ending before `hard_exit`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use strum::{EnumDiscriminants, EnumIter, IntoStaticStr};
+
+use crate::accounting::Outstanding;
+
+/// Lifecycle phase. Ordered: later phases compare greater.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, EnumIter, IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Phase {
+    /// Waiting for the lower's mount.
+    Starting,
+    /// Mounted and serving.
+    Serving,
+    /// A trigger arrived; admission still open until the mount is quiet or the workload gone.
+    Draining,
+    /// Admission closed; waiting for outstanding work.
+    DoorClosed,
+    /// Unmounting drainfs (or, for the relay, ending the daemon's connection).
+    Unmounting,
+    /// Stopping the lower's process.
+    StoppingLower,
+    /// Finished.
+    Done,
+}
+
+impl Phase {
+    /// Label value (`door_closed`).
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// Why shutdown started (or was escalated). The label of each variant is its
+/// [`CauseKind`]'s snake_case name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, EnumDiscriminants)]
+#[serde(rename_all = "snake_case", tag = "cause")]
+#[strum_discriminants(
+    name(CauseKind),
+    derive(EnumIter, IntoStaticStr, Hash),
+    strum(serialize_all = "snake_case")
+)]
+pub enum Cause {
+    /// SIGTERM.
+    Sigterm,
+    /// SIGINT.
+    Sigint,
+    /// An exit file appeared.
+    ExitFile {
+        /// Which one.
+        path: PathBuf,
+    },
+    /// The watched workload process exited.
+    WatchedPidExited {
+        /// Its PID.
+        pid: i32,
+    },
+    /// A quit request (`/quitquitquit`, `drainfs shutdown`).
+    QuitRequest {
+        /// Where it came from.
+        source: Source,
+    },
+    /// A drain request (`/drain`, `drainfs drain`): start draining, workload may still run.
+    DrainRequest {
+        /// Where it came from.
+        source: Source,
+    },
+    /// The lower's process exited or its connection failed.
+    LowerDied {
+        /// What was seen.
+        detail: String,
+    },
+    /// drainfs's own mount (or the relay's kernel connection) was removed by someone else.
+    UnmountedExternally,
+    /// drainfs's control plane (the admin server, the control socket) could not start or
+    /// failed: drainfs drains as for SIGINT and exits 1, since its probes cannot be answered.
+    ControlPlaneFailed {
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// Where a control request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Source {
+    /// The admin HTTP server.
+    Http,
+    /// The control socket.
+    Control,
+}
+
+impl Cause {
+    /// Short label for metrics and logs (`exit_file`).
+    pub fn label(&self) -> &'static str {
+        CauseKind::from(self).into()
+    }
+
+    /// Whether this cause means the workload is gone (so the door can close at once):
+    /// exit files, the watched pid, quit requests, the lower dying and an external unmount
+    /// always; SIGTERM only for a native sidecar (the kubelet signals it after every main
+    /// container exited); SIGINT and drain requests never.
+    pub fn workload_gone(&self, native_sidecar: bool) -> bool {
+        match self {
+            Cause::ExitFile { .. }
+            | Cause::WatchedPidExited { .. }
+            | Cause::QuitRequest { .. }
+            | Cause::LowerDied { .. }
+            | Cause::UnmountedExternally => true,
+            Cause::Sigterm => native_sidecar,
+            Cause::Sigint | Cause::DrainRequest { .. } | Cause::ControlPlaneFailed { .. } => false,
+        }
+    }
+
+    fn is_signal(&self) -> bool {
+        matches!(self, Cause::Sigterm | Cause::Sigint)
+    }
+}
+
+impl CauseKind {
+    /// Label value.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// Why a teardown was forced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, EnumIter, IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Forced {
+    /// The deadline (grace period minus margin) passed with work outstanding.
+    Deadline,
+    /// A second SIGTERM/SIGINT: stop waiting.
+    SecondSignal,
+    /// The lower died: nothing outstanding can be synced any more.
+    LowerDied,
+    /// The lower's process had to be SIGKILLed.
+    LowerSigkill,
+}
+
+impl Forced {
+    /// Label value.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// drainfs's exit status (sysexits where one fits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum ExitCode {
+    /// 0: everything drained and synced, the lower stopped cleanly.
+    Clean,
+    /// 1: drainfs itself could not mount or serve.
+    Failed,
+    /// 2: bad command line or configuration (as clap uses).
+    Usage,
+    /// 69 (EX_UNAVAILABLE): the lower failed to start, failed, or died.
+    LowerFailed,
+    /// 75 (EX_TEMPFAIL): forced with work outstanding, or a lower flush/close failed: data
+    /// may be incomplete. (Client commands: the wait timed out.)
+    Incomplete,
+    /// 69 (EX_UNAVAILABLE), client commands: drainfs could not be reached.
+    Unreachable,
+}
+
+impl ExitCode {
+    /// The numeric status.
+    pub fn code(self) -> i32 {
+        match self {
+            ExitCode::Clean => 0,
+            ExitCode::Failed => 1,
+            ExitCode::Usage => 2,
+            ExitCode::LowerFailed | ExitCode::Unreachable => 69,
+            ExitCode::Incomplete => 75,
+        }
+    }
+
+    /// The summary's `outcome` (`clean`, `failed`, `usage`, `lower_failed`, `incomplete`,
+    /// `unreachable`).
+    pub fn outcome(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// How the supervised lower's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LowerStop {
+    /// drainfs does not supervise a process (adopted lower without a pid).
+    NotSupervised,
+    /// Exited 0, or by the stop signal drainfs sent.
+    Clean,
+    /// Exited otherwise (non-zero, another signal), or did not exit in time.
+    Unclean,
+    /// Had to be SIGKILLed.
+    Killed,
+}
+
+/// What the teardown found, for [`exit_code`].
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The lower died (or never came up) before the stop.
+    pub lower_died: bool,
+    /// How its process ended (`None`: not stopped, e.g. never started).
+    pub lower_stop: Option<LowerStop>,
+    /// Why the teardown was forced.
+    pub forced: Option<Forced>,
+    /// What was outstanding (read with the door closed) when it was forced.
+    pub outstanding_at_force: Option<Outstanding>,
+    /// Lower flushes or closes that failed (uploads that may be missing).
+    pub failed_flushes: usize,
+    /// drainfs could not mount or serve.
+    pub failed: bool,
+}
+
+/// The exit status for an outcome: 69 when the lower died or stopped uncleanly on its own;
+/// 75 when work was outstanding at a force, a flush failed, or the lower was SIGKILLed;
+/// 1 when drainfs itself failed; else 0.
+pub fn exit_code(o: &Outcome) -> ExitCode {
+    if o.lower_died || (o.lower_stop == Some(LowerStop::Unclean) && o.forced.is_none()) {
+        return ExitCode::LowerFailed;
+    }
+    if o.failed {
+        return ExitCode::Failed;
+    }
+    let forced_with_work =
+        o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_idle());
+    if forced_with_work || o.failed_flushes > 0 || o.lower_stop == Some(LowerStop::Killed) {
+        return ExitCode::Incomplete;
+    }
+    ExitCode::Clean
+}
+
+/// Timing configuration of the machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// The pod's `terminationGracePeriodSeconds` (from the first trigger).
+    pub grace_period: Duration,
+    /// Safety margin before the grace period ends (at most half of it is used).
+    pub grace_margin: Duration,
+    /// After a trigger that does not mean the workload is gone, how long the mount must be idle
+    /// (counted from the trigger at the earliest) before the door closes.
+    pub quiet_period: Duration,
+    /// SIGTERM means the workload is gone (Kubernetes native sidecar).
+    pub native_sidecar: bool,
+}
+
+/// What the executor saw, in this order: the door's state, then the counts. Counts read after
+/// the door was seen closed include every request that got past it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Observation {
+    /// The door was closed when this observation started.
+    pub door_closed: bool,
+    /// The counts, read after `door_closed`.
+    pub outstanding: Outstanding,
+    /// Time since the workload last ended a request or released a handle (probes excluded).
+    pub idle_for: Duration,
+}
+
+/// What the executor should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do: wait for an event, a change of the counts, or `until` (if any).
+    Wait {
+        /// Call [`Machine::step`] again at this time at the latest.
+        until: Option<Instant>,
+    },
+    /// Close the door, then observe again and call [`Machine::step`] at once.
+    CloseDoor,
+    /// Stop serving and tear down.
+    Teardown(Ending),
+    /// Shutdown came before anything was mounted: stop the lower, exit.
+    AbortStart,
+}
+
+/// Why serving ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    /// Nothing in flight and every handle released, with the door closed.
+    Drained,
+    /// Forced, for this reason.
+    Forced(Forced),
+}
+
+/// Why the door closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum DoorReason {
+    /// A trigger that means the workload is gone.
+    WorkloadGone,
+    /// The mount stayed idle for the quiet period after the trigger.
+    Quiet,
+    /// The teardown was forced.
+    Forced,
+}
+
+impl DoorReason {
+    /// Label value.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// What a trigger did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TriggerEffect {
+    /// The first trigger: the clock started.
+    First,
+    /// A later trigger that changed nothing but (maybe) the workload-gone flag.
+    Further,
+    /// A later trigger that forced the teardown.
+    Forced(Forced),
+}
+
+/// Budgets of the teardown's steps, each ending before the hard exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Flushing and closing the handles that are left (forced only).
+    pub close_remaining: Duration,
+    /// Unmounting drainfs (or ending the relay's daemon connection).
+    pub unmount: Duration,
+    /// Waiting for the lower to exit after its stop signal, before SIGKILL.
+    pub lower_stop: Duration,
+    /// After SIGKILL, waiting for it to be reaped.
+    pub lower_kill: Duration,
+}
+
+/// How long a second signal leaves drainfs for its own part of the teardown.
+pub const SECOND_SIGNAL_OWN: Duration = Duration::from_millis(400);
+/// After a second signal, how long the lower gets to exit on its stop signal before SIGKILL.
+pub const SECOND_SIGNAL_LOWER: Duration = Duration::from_secs(2);
+/// With the lower dead, how long drainfs may take to exit.
+pub const LOWER_DEAD_EXIT: Duration = Duration::from_millis(1500);
+
+/// The drain state machine. See the module docs.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    cfg: Config,
+    phase: Phase,
+    t0: Option<Instant>,
+    cause: Option<Cause>,
+    force_at: Option<Instant>,
+    hard_exit: Option<Instant>,
+    workload_gone: bool,
+    signals: u32,
+    forced: Option<Forced>,
+    lower_died: Option<String>,
+    door_closed_at: Option<Instant>,
+    door_reason: Option<DoorReason>,
+    drained_at: Option<Instant>,
+    outstanding_at_force: Option<Outstanding>,
+}
+
+impl Machine {
+    /// A machine in `starting`.
+    pub fn new(cfg: Config) -> Self {
+        Machine {
+            cfg,
+            phase: Phase::Starting,
+            t0: None,
+            cause: None,
+            force_at: None,
+            hard_exit: None,
+            workload_gone: false,
+            signals: 0,
+            forced: None,
+            lower_died: None,
+            door_closed_at: None,
+            door_reason: None,
+            drained_at: None,
+            outstanding_at_force: None,
+        }
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The first trigger and when it came.
+    pub fn first_trigger(&self) -> Option<(Instant, &Cause)> {
+        self.t0.zip(self.cause.as_ref())
+    }
+
+    /// When outstanding work stops being waited for.
+    pub fn force_at(&self) -> Option<Instant> {
+        self.force_at
+    }
+
+    /// When drainfs must be gone.
+    pub fn hard_exit(&self) -> Option<Instant> {
+        self.hard_exit
+    }
+
+    /// Why the teardown was forced, if it was.
+    pub fn forced(&self) -> Option<Forced> {
+        self.forced
+    }
+
+    /// What was outstanding (door closed) when the teardown was forced.
+    pub fn outstanding_at_force(&self) -> Option<Outstanding> {
+        self.outstanding_at_force
+    }
+
+    /// What was seen of the lower dying.
+    pub fn lower_died(&self) -> Option<&str> {
+        self.lower_died.as_deref()
+    }
+
+    /// Whether a trigger has arrived.
+    pub fn triggered(&self) -> bool {
+        self.t0.is_some()
+    }
+
+    /// Why the door closed (once the machine asked for it).
+    pub fn door_reason(&self) -> Option<DoorReason> {
+        self.door_reason
+    }
+
+    /// When the door closed, and when the mount drained.
+    pub fn milestones(&self) -> (Option<Instant>, Option<Instant>) {
+        (self.door_closed_at, self.drained_at)
+    }
+
+    /// The mount is up: `starting` → `serving`. Returns whether the phase changed.
+    pub fn mounted(&mut self) -> bool {
+        self.advance(Phase::Serving)
+    }
+
+    /// The teardown moved on (`unmounting`, `stopping_lower`, `done`). Phases only move
+    /// forward; returns whether the phase changed.
+    pub fn advance(&mut self, to: Phase) -> bool {
+        if to > self.phase {
+            self.phase = to;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Records a trigger at `now`. The first starts the clock; a second SIGTERM/SIGINT forces
+    /// the teardown; the lower dying forces it at once (nothing can be synced any more).
+    pub fn trigger(&mut self, cause: Cause, now: Instant) -> TriggerEffect {
+        if cause.is_signal() {
+            self.signals += 1;
+        }
+        if cause.workload_gone(self.cfg.native_sidecar) {
+            self.workload_gone = true;
+        }
+        if let Cause::LowerDied { detail } = &cause
+            && self.lower_died.is_none()
+        {
+            self.lower_died = Some(detail.clone());
+        }
+        let first = self.t0.is_none();
+        if first {
+            let grace = self.cfg.grace_period;
+            let margin = self.cfg.grace_margin.min(grace / 2);
+            self.t0 = Some(now);
+            self.force_at = Some(now + grace.saturating_sub(margin));
+            self.hard_exit = Some(now + grace.saturating_sub(margin / 4));
+        }
+        let escalate = if matches!(cause, Cause::LowerDied { .. }) {
+            Some(Forced::LowerDied)
+        } else if cause.is_signal() && self.signals >= 2 {
+            Some(Forced::SecondSignal)
+        } else {
+            None
+        };
+        if first {
+            self.cause = Some(cause);
+        }
+        match escalate {
+            Some(reason) if self.force(reason, now) => TriggerEffect::Forced(reason),
+            _ if first => TriggerEffect::First,
+            _ => TriggerEffect::Further,
+        }
+    }
+
+    /// Forces the teardown (once): pulls the deadlines in. Returns whether this call forced it.
+    fn force(&mut self, reason: Forced, now: Instant) -> bool {
+        if self.forced.is_some() {
+            return false;
+        }
+        self.forced = Some(reason);
+        let own = match reason {
+            Forced::SecondSignal => SECOND_SIGNAL_OWN + SECOND_SIGNAL_LOWER,
+            Forced::LowerDied => LOWER_DEAD_EXIT,
+            // The deadline keeps the hard exit it had.
+            Forced::Deadline | Forced::LowerSigkill => Duration::MAX,
+        };
+        self.force_at = Some(self.force_at.map_or(now, |f| f.min(now)));
+        let hard = now
+            .checked_add(own)
+            .unwrap_or(now + Duration::from_secs(3600));
+        self.hard_exit = Some(self.hard_exit.map_or(hard, |h| h.min(hard)));
+        true
+    }
+
+    /// The lower's process had to be SIGKILLed.
+    pub fn lower_killed(&mut self, now: Instant) {
+        self.force(Forced::LowerSigkill, now);
+    }
+
+    /// Decides what to do given an observation made at `now` (door state first, then counts).
+    pub fn step(&mut self, now: Instant, obs: &Observation) -> Step {
+        match self.phase {
+            Phase::Starting => {
+                if self.triggered() {
+                    Step::AbortStart
+                } else {
+                    Step::Wait { until: None }
+                }
+            }
+            Phase::Serving | Phase::Draining | Phase::DoorClosed => self.step_serving(now, obs),
+            Phase::Unmounting | Phase::StoppingLower | Phase::Done => Step::Wait { until: None },
+        }
+    }
+
+    fn step_serving(&mut self, now: Instant, obs: &Observation) -> Step {
+        let Some(t0) = self.t0 else {
+            return Step::Wait { until: None };
+        };
+        self.advance(Phase::Draining);
+        let force_at = self.force_at.unwrap_or(now);
+        if self.forced.is_none() && now >= force_at {
+            self.force(Forced::Deadline, now);
+        }
+        if !obs.door_closed {
+            // Idle time counts from the trigger at the earliest: an application still shutting
+            // down gets the whole quiet period after it, however idle the mount was before.
+            let idle = obs.idle_for.min(now.saturating_duration_since(t0));
+            let quiet = obs.outstanding.is_idle() && idle >= self.cfg.quiet_period;
+            let reason = if self.forced.is_some() {
+                Some(DoorReason::Forced)
+            } else if self.workload_gone {
+                Some(DoorReason::WorkloadGone)
+            } else if quiet {
+                Some(DoorReason::Quiet)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                self.door_reason.get_or_insert(reason);
+                return Step::CloseDoor;
+            }
+            // Wake when the quiet period would end (only while idle: otherwise the count's
+            // change notification wakes the executor) or at the deadline.
+            let quiet_end = obs
+                .outstanding
+                .is_idle()
+                .then(|| now + (self.cfg.quiet_period - idle));
+            let until = quiet_end.map_or(force_at, |q| q.min(force_at));
+            return Step::Wait { until: Some(until) };
+        }
+        if self.advance(Phase::DoorClosed) {
+            self.door_closed_at = Some(now);
+        }
+        if let Some(reason) = self.forced {
+            self.outstanding_at_force = Some(obs.outstanding);
+            return Step::Teardown(Ending::Forced(reason));
+        }
+        if obs.outstanding.is_idle() {
+            self.drained_at = Some(now);
+            return Step::Teardown(Ending::Drained);
+        }
+        Step::Wait {
+            until: Some(force_at),
+        }
+    }
+
+    /// Budgets for the teardown steps starting at `now`. Unforced, the lower's stop may take
+    /// until the hard exit; forced, drainfs's own steps share what is left before the hard
+    /// exit with the lower's stop.
+    pub fn budget(&self, now: Instant) -> Budget {
+        let left = self.hard_exit.map_or(Duration::from_secs(30), |h| {
+            h.saturating_duration_since(now)
+        });
+        match self.forced {
+            None => Budget {
+                close_remaining: left / 4,
+                unmount: left / 2,
+                lower_stop: left * 3 / 4,
+                lower_kill: left / 4,
+            },
+            Some(Forced::SecondSignal) => {
+                let own = SECOND_SIGNAL_OWN.min(left);
+                Budget {
+                    close_remaining: own / 2,
+                    unmount: own / 2,
+                    lower_stop: SECOND_SIGNAL_LOWER.min(left.saturating_sub(own)),
+                    lower_kill: Duration::from_millis(200).min(left),
+                }
+            }
+            Some(_) => Budget {
+                close_remaining: left / 4,
+                unmount: left / 4,
+                lower_stop: left / 3,
+                lower_kill: left / 6,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strum::IntoEnumIterator;
+
+    const GRACE: Duration = Duration::from_secs(30);
+    const MARGIN: Duration = Duration::from_secs(2);
+    const QUIET: Duration = Duration::from_millis(500);
+
+    fn machine(native: bool) -> Machine {
+        Machine::new(Config {
+            grace_period: GRACE,
+            grace_margin: MARGIN,
+            quiet_period: QUIET,
+            native_sidecar: native,
+        })
+    }
+
+    fn busy() -> Outstanding {
+        Outstanding {
+            open_write: 1,
+            ..Default::default()
+        }
+    }
+
+    fn obs(door_closed: bool, outstanding: Outstanding, idle_ms: u64) -> Observation {
+        Observation {
+            door_closed,
+            outstanding,
+            idle_for: Duration::from_millis(idle_ms),
+        }
+    }
+
+    fn every_cause() -> Vec<Cause> {
+        CauseKind::iter()
+            .map(|k| match k {
+                CauseKind::Sigterm => Cause::Sigterm,
+                CauseKind::Sigint => Cause::Sigint,
+                CauseKind::ExitFile => Cause::ExitFile { path: "/x".into() },
+                CauseKind::WatchedPidExited => Cause::WatchedPidExited { pid: 7 },
+                CauseKind::QuitRequest => Cause::QuitRequest {
+                    source: Source::Http,
+                },
+                CauseKind::DrainRequest => Cause::DrainRequest {
+                    source: Source::Control,
+                },
+                CauseKind::LowerDied => Cause::LowerDied {
+                    detail: "exit 1".into(),
+                },
+                CauseKind::UnmountedExternally => Cause::UnmountedExternally,
+                CauseKind::ControlPlaneFailed => Cause::ControlPlaneFailed {
+                    detail: "bind".into(),
+                },
+            })
+            .collect()
+    }
+
+    /// Runs the executor's loop against a fake mount: the door, counts that change at the
+    /// times in `changes` (the executor is woken by each change, as by the accounting's
+    /// notification), idle time counted from the last change, and fake time advancing to each
+    /// wake-up. Returns the final step and when it came.
+    fn drive(
+        m: &mut Machine,
+        start: Instant,
+        changes: &[Duration],
+        counts: impl Fn(Duration) -> Outstanding,
+    ) -> (Step, Duration) {
+        let mut door = false;
+        let mut now = start;
+        for _ in 0..1000 {
+            let t = now - start;
+            let o = counts(t);
+            let last_change = changes.iter().rev().find(|c| **c <= t).copied();
+            let idle = t - last_change.unwrap_or(Duration::ZERO);
+            let next_change = changes.iter().find(|c| **c > t).map(|c| start + *c);
+            let step = m.step(
+                now,
+                &Observation {
+                    door_closed: door,
+                    outstanding: o,
+                    idle_for: idle,
+                },
+            );
+            match step {
+                Step::CloseDoor => door = true,
+                Step::Wait { until } => {
+                    let wake = [until, next_change].into_iter().flatten().min();
+                    let wake = wake.expect("a wait with nothing to wake it");
+                    assert!(wake > now, "a wait must move time forward");
+                    now = wake;
+                }
+                other => return (other, now - start),
+            }
+        }
+        panic!("the machine never ended");
+    }
+
+    #[test]
+    fn labels_are_unique_and_stable() {
+        let labels: Vec<&str> = CauseKind::iter().map(CauseKind::name).collect();
+        assert_eq!(
+            labels,
+            [
+                "sigterm",
+                "sigint",
+                "exit_file",
+                "watched_pid_exited",
+                "quit_request",
+                "drain_request",
+                "lower_died",
+                "unmounted_externally",
+                "control_plane_failed"
+            ]
+        );
+        for c in every_cause() {
+            assert_eq!(c.label(), CauseKind::from(&c).name());
+        }
+        assert_eq!(Phase::DoorClosed.name(), "door_closed");
+        assert_eq!(Forced::SecondSignal.name(), "second_signal");
+        assert_eq!(ExitCode::LowerFailed.outcome(), "lower_failed");
+    }
+
+    #[test]
+    fn serving_without_trigger_waits_forever() {
+        let mut m = machine(false);
+        let t = Instant::now();
+        assert_eq!(
+            m.step(t, &obs(false, busy(), 0)),
+            Step::Wait { until: None }
+        );
+        assert!(m.mounted());
+        assert_eq!(
+            m.step(t, &obs(false, Outstanding::default(), 99_999)),
+            Step::Wait { until: None }
+        );
+        assert_eq!(m.phase(), Phase::Serving);
+    }
+
+    #[test]
+    fn every_trigger_in_starting_aborts_the_start() {
+        for c in every_cause() {
+            let mut m = machine(false);
+            let t = Instant::now();
+            m.trigger(c.clone(), t);
+            assert_eq!(
+                m.step(t, &Observation::default()),
+                Step::AbortStart,
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn workload_gone_triggers_close_the_door_at_once_then_drain() {
+        for c in every_cause() {
+            let gone = c.workload_gone(false);
+            let mut m = machine(false);
+            m.mounted();
+            let t = Instant::now();
+            m.trigger(c.clone(), t);
+            let step = m.step(t, &obs(false, busy(), 0));
+            if matches!(c, Cause::LowerDied { .. }) {
+                assert_eq!(step, Step::CloseDoor, "forced: door first");
+                let step = m.step(t, &obs(true, busy(), 0));
+                assert_eq!(step, Step::Teardown(Ending::Forced(Forced::LowerDied)));
+                assert_eq!(m.outstanding_at_force(), Some(busy()));
+                continue;
+            }
+            if gone {
+                assert_eq!(step, Step::CloseDoor, "{c:?}");
+                assert_eq!(m.phase(), Phase::Draining);
+                // Busy with the door closed: wait until the deadline (or a change).
+                let step = m.step(t, &obs(true, busy(), 0));
+                assert_eq!(
+                    step,
+                    Step::Wait {
+                        until: m.force_at()
+                    },
+                    "{c:?}"
+                );
+                assert_eq!(m.phase(), Phase::DoorClosed);
+                let t1 = t + Duration::from_secs(3);
+                assert_eq!(
+                    m.step(t1, &obs(true, Outstanding::default(), 0)),
+                    Step::Teardown(Ending::Drained)
+                );
+                assert_eq!(m.milestones(), (Some(t), Some(t1)));
+            } else {
+                // SIGTERM (regular sidecar), SIGINT, drain request: the door stays open while busy.
+                assert_eq!(
+                    step,
+                    Step::Wait {
+                        until: m.force_at()
+                    },
+                    "{c:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn native_sidecar_sigterm_means_workload_gone() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(
+            m.step(t, &obs(false, Outstanding::default(), 0)),
+            Step::CloseDoor
+        );
+        assert_eq!(
+            m.step(t, &obs(true, Outstanding::default(), 0)),
+            Step::Teardown(Ending::Drained)
+        );
+    }
+
+    #[test]
+    fn quiet_period_counts_from_the_trigger_and_only_while_idle() {
+        let mut m = machine(false);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        // Idle for an hour before the trigger: still the whole quiet period after it.
+        let s = m.step(t, &obs(false, Outstanding::default(), 3_600_000));
+        assert_eq!(
+            s,
+            Step::Wait {
+                until: Some(t + QUIET)
+            }
+        );
+        // Busy: no quiet wake-up (the count's change wakes the executor), only the deadline.
+        let t1 = t + Duration::from_millis(100);
+        assert_eq!(
+            m.step(t1, &obs(false, busy(), 0)),
+            Step::Wait {
+                until: m.force_at()
+            }
+        );
+        // Idle again for 100 ms at t+300ms: wake at t+700ms.
+        let t2 = t + Duration::from_millis(300);
+        let s = m.step(t2, &obs(false, Outstanding::default(), 100));
+        assert_eq!(
+            s,
+            Step::Wait {
+                until: Some(t2 + Duration::from_millis(400))
+            }
+        );
+        let t3 = t2 + Duration::from_millis(400);
+        assert_eq!(
+            m.step(t3, &obs(false, Outstanding::default(), 500)),
+            Step::CloseDoor
+        );
+    }
+
+    #[test]
+    fn drained_is_never_declared_from_counts_read_before_the_door_closed() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::ExitFile { path: "/e".into() }, t);
+        // Counts read with the door open, even idle ones, only lead to closing the door.
+        for _ in 0..3 {
+            assert_eq!(
+                m.step(t, &obs(false, Outstanding::default(), 10_000)),
+                Step::CloseDoor
+            );
+        }
+        // The observation after the close sees an open admitted in between.
+        assert_eq!(
+            m.step(t, &obs(true, busy(), 0)),
+            Step::Wait {
+                until: m.force_at()
+            }
+        );
+        assert_eq!(m.milestones().1, None);
+    }
+
+    #[test]
+    fn deadline_forces_with_the_door_closed_first() {
+        let mut m = machine(false);
+        m.mounted();
+        let start = Instant::now();
+        m.trigger(Cause::Sigint, start);
+        let (step, took) = drive(&mut m, start, &[], |_| busy());
+        assert_eq!(step, Step::Teardown(Ending::Forced(Forced::Deadline)));
+        assert_eq!(took, GRACE - MARGIN);
+        assert_eq!(m.phase(), Phase::DoorClosed);
+        assert_eq!(m.outstanding_at_force(), Some(busy()));
+        let code = exit_code(&Outcome {
+            forced: m.forced(),
+            outstanding_at_force: m.outstanding_at_force(),
+            lower_stop: Some(LowerStop::Clean),
+            ..Default::default()
+        });
+        assert_eq!(code, ExitCode::Incomplete);
+    }
+
+    #[test]
+    fn work_that_ends_before_the_deadline_drains() {
+        let mut m = machine(false);
+        m.mounted();
+        let start = Instant::now();
+        m.trigger(Cause::Sigterm, start);
+        let (step, took) = drive(&mut m, start, &[Duration::from_secs(3)], |t| {
+            if t < Duration::from_secs(3) {
+                busy()
+            } else {
+                Outstanding::default()
+            }
+        });
+        assert_eq!(step, Step::Teardown(Ending::Drained));
+        // Idle from 3 s: the door closes after the quiet period, and the mount is drained.
+        assert_eq!(took, Duration::from_secs(3) + QUIET);
+        assert_eq!(m.door_reason(), Some(DoorReason::Quiet));
+    }
+
+    #[test]
+    fn second_signal_forces_in_every_phase_and_pulls_the_hard_exit_in() {
+        for phase in [
+            Phase::Serving,
+            Phase::Draining,
+            Phase::DoorClosed,
+            Phase::Unmounting,
+            Phase::StoppingLower,
+        ] {
+            let mut m = machine(false);
+            m.mounted();
+            let t = Instant::now();
+            assert_eq!(m.trigger(Cause::Sigterm, t), TriggerEffect::First);
+            m.advance(phase);
+            let t1 = t + Duration::from_secs(1);
+            assert_eq!(
+                m.trigger(Cause::Sigterm, t1),
+                TriggerEffect::Forced(Forced::SecondSignal)
+            );
+            assert_eq!(
+                m.hard_exit(),
+                Some(t1 + SECOND_SIGNAL_OWN + SECOND_SIGNAL_LOWER)
+            );
+            let b = m.budget(t1);
+            assert!(b.close_remaining + b.unmount <= SECOND_SIGNAL_OWN);
+            assert_eq!(b.lower_stop, SECOND_SIGNAL_LOWER);
+            // Third signal: nothing more.
+            assert_eq!(m.trigger(Cause::Sigint, t1), TriggerEffect::Further);
+            if phase <= Phase::DoorClosed {
+                assert_eq!(m.step(t1, &obs(false, busy(), 0)), Step::CloseDoor);
+                assert_eq!(
+                    m.step(t1, &obs(true, busy(), 0)),
+                    Step::Teardown(Ending::Forced(Forced::SecondSignal))
+                );
+            } else {
+                assert_eq!(
+                    m.step(t1, &obs(true, busy(), 0)),
+                    Step::Wait { until: None }
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_signal_trigger_then_one_signal_is_not_a_second_signal() {
+        let mut m = machine(false);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::ExitFile { path: "/e".into() }, t);
+        assert_eq!(m.trigger(Cause::Sigterm, t), TriggerEffect::Further);
+        assert_eq!(m.forced(), None);
+    }
+
+    #[test]
+    fn lower_death_forces_at_once_with_a_short_hard_exit_in_every_phase() {
+        for phase in [
+            Phase::Serving,
+            Phase::Draining,
+            Phase::DoorClosed,
+            Phase::Unmounting,
+        ] {
+            let mut m = machine(false);
+            m.mounted();
+            let t = Instant::now();
+            if phase > Phase::Serving {
+                m.trigger(Cause::Sigint, t);
+                m.advance(phase);
+            }
+            let t1 = t + Duration::from_secs(2);
+            let eff = m.trigger(
+                Cause::LowerDied {
+                    detail: "exit 1".into(),
+                },
+                t1,
+            );
+            assert_eq!(eff, TriggerEffect::Forced(Forced::LowerDied), "{phase:?}");
+            assert!(m.hard_exit().unwrap() <= t1 + LOWER_DEAD_EXIT);
+            assert_eq!(m.lower_died(), Some("exit 1"));
+            let code = exit_code(&Outcome {
+                lower_died: true,
+                forced: m.forced(),
+                outstanding_at_force: Some(busy()),
+                ..Default::default()
+            });
+            assert_eq!(code, ExitCode::LowerFailed);
+        }
+    }
+
+    #[test]
+    fn deadline_force_keeps_the_hard_exit() {
+        let mut m = machine(false);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigint, t);
+        let hard = m.hard_exit().unwrap();
+        let late = m.force_at().unwrap();
+        assert_eq!(m.step(late, &obs(false, busy(), 0)), Step::CloseDoor);
+        assert_eq!(m.hard_exit(), Some(hard));
+        assert_eq!(
+            m.step(late, &obs(true, busy(), 0)),
+            Step::Teardown(Ending::Forced(Forced::Deadline))
+        );
+        let b = m.budget(late);
+        assert!(b.close_remaining + b.unmount + b.lower_stop + b.lower_kill <= hard - late);
+    }
+
+    #[test]
+    fn margin_is_at_most_half_the_grace_period() {
+        let mut m = Machine::new(Config {
+            grace_period: Duration::from_secs(4),
+            grace_margin: Duration::from_secs(10),
+            quiet_period: QUIET,
+            native_sidecar: false,
+        });
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(m.force_at(), Some(t + Duration::from_secs(2)));
+        assert_eq!(m.hard_exit(), Some(t + Duration::from_millis(3500)));
+    }
+
+    #[test]
+    fn unforced_budgets_fit_before_the_hard_exit() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        let b = m.budget(t + Duration::from_secs(1));
+        let left = m.hard_exit().unwrap() - (t + Duration::from_secs(1));
+        assert!(b.lower_stop + b.lower_kill <= left);
+        assert!(b.unmount <= left);
+    }
+
+    #[test]
+    fn exit_codes() {
+        let clean = Outcome {
+            lower_stop: Some(LowerStop::Clean),
+            ..Default::default()
+        };
+        assert_eq!(exit_code(&clean), ExitCode::Clean);
+        assert_eq!(
+            exit_code(&Outcome {
+                failed_flushes: 1,
+                ..clean.clone()
+            }),
+            ExitCode::Incomplete
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                lower_stop: Some(LowerStop::Killed),
+                ..clean.clone()
+            }),
+            ExitCode::Incomplete
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                lower_stop: Some(LowerStop::Unclean),
+                ..clean.clone()
+            }),
+            ExitCode::LowerFailed
+        );
+        // Forced with nothing outstanding is still clean.
+        assert_eq!(
+            exit_code(&Outcome {
+                forced: Some(Forced::SecondSignal),
+                outstanding_at_force: Some(Outstanding::default()),
+                ..clean.clone()
+            }),
+            ExitCode::Clean
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                failed: true,
+                ..clean.clone()
+            }),
+            ExitCode::Failed
+        );
+        assert_eq!(ExitCode::Incomplete.code(), 75);
+        assert_eq!(ExitCode::LowerFailed.code(), 69);
+    }
+}
