@@ -355,6 +355,22 @@ def find_pod_spec(manifest: str, obj: str) -> dict:
     raise ManifestError(f"{manifest}: {obj} vanished")
 
 
+def uses_gke_managed_sidecar(manifest: Path) -> bool:
+    """Whether a pod of `manifest` selects the GKE CSI driver's sidecar image by declaring a
+    `gke-gcsfuse-sidecar` container: drainfs then runs as that sidecar's /gcsfuse (the
+    gke-sidecar-relay image), with no command line in the manifest to check."""
+    with manifest.open() as f:
+        for doc in yaml.safe_load_all(f):
+            if not doc:
+                continue
+            for _label, meta, spec in pod_specs(doc):
+                annotated = (meta.get("annotations") or {}).get("gke-gcsfuse/volumes") == "true"
+                named = any(c.get("name") == "gke-gcsfuse-sidecar" for _s, c in all_containers(spec))
+                if annotated and named:
+                    return True
+    return False
+
+
 def all_containers(spec: dict) -> list[tuple[str, dict]]:
     return [(s, c) for s in ("initContainers", "containers") for c in spec.get(s) or []]
 
@@ -380,7 +396,7 @@ def check(entries: list[dict], manifests: list[Path]) -> list[str]:
     for m in manifests:
         rel = display(m)
         runs = [e for e in by_manifest.get(rel, []) if e["subcommand"] == "run"]
-        if not runs:
+        if not runs and not uses_gke_managed_sidecar(m):
             problems.append(f"{rel}: no container runs `drainfs run`")
 
     for e in entries:

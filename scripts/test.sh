@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite: the README's second command and what CI (.ci/run) runs.
-# Installs what it needs on a fresh Debian machine (as root): fuse3, fio, the real lowers
-# (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
+# Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
+# lowers (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
 # -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
 # root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
 set -euo pipefail
@@ -13,6 +13,8 @@ need_apt=()
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v python3 >/dev/null || need_apt+=(python3)
+# A libfuse 3 daemon that serves /dev/fd/N, for the relay tests (fuse-tests/tests/relay.rs).
+command -v fuse-overlayfs >/dev/null || need_apt+=(fuse-overlayfs)
 if ((${#need_apt[@]})); then
   step "apt-get install ${need_apt[*]}"
   apt-get update -qq

@@ -5,3 +5,4 @@ pub mod bucket;
 pub mod harness;
 pub mod lowers;
 pub mod pod;
+pub mod relay;

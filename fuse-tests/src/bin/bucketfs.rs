@@ -114,6 +114,15 @@ struct Args {
     #[arg(long, value_name = "SUBSTR")]
     hang_upload: Option<String>,
 
+    /// Reads of keys containing SUBSTR first sleep `--read-delay` (the worker thread is busy
+    /// meanwhile; other workers keep serving).
+    #[arg(long, value_name = "SUBSTR")]
+    slow_read: Option<String>,
+
+    /// How long each read of a `--slow-read` key sleeps before answering.
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
+    read_delay: Duration,
+
     /// What SIGTERM does: `graceful` (unmount and exit, gcsfuse >= v2.6.0) or `instant` (die at
     /// once without unmounting, gcsfuse < v2.6.0).
     #[arg(long, value_enum, default_value_t = SigtermMode::Graceful)]
@@ -179,7 +188,7 @@ impl Events {
     }
 }
 
-/// Upload behaviour chosen on the command line.
+/// Upload and read behaviour chosen on the command line.
 #[derive(Debug, Clone)]
 struct UploadPolicy {
     /// Sleep before each upload publishes.
@@ -188,6 +197,10 @@ struct UploadPolicy {
     fail: Option<String>,
     /// Keys containing this hang forever.
     hang: Option<String>,
+    /// Reads of keys containing this sleep `read_delay` first.
+    slow_read: Option<String>,
+    /// Sleep before each slow read.
+    read_delay: Duration,
 }
 
 /// One inode: a directory or an object (regular file) of the bucket.
@@ -1083,6 +1096,12 @@ impl Filesystem for BucketFs {
     ) {
         let result = (|| {
             let node = self.node(ino)?;
+            if let Some(slow) = &self.policy.slow_read {
+                let key = node.state.lock().key.clone();
+                if key.contains(slow.as_str()) {
+                    std::thread::sleep(self.policy.read_delay);
+                }
+            }
             let object = self
                 .handles
                 .lock()
@@ -1520,6 +1539,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
         delay: args.upload_delay,
         fail: args.fail_upload.clone(),
         hang: args.hang_upload.clone(),
+        slow_read: args.slow_read.clone(),
+        read_delay: args.read_delay,
     };
     let fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
     let mut config = Config::default();

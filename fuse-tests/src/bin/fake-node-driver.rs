@@ -157,7 +157,7 @@ fn check(rc: libc::c_int) -> std::io::Result<()> {
 /// Runs in the forked child before `exec`: puts the connection on fd 3, drops to `uid`/`gid`
 /// with no capabilities and `no_new_privs`. Only async-signal-safe syscalls, no allocation.
 fn sidecar_pre_exec(fuse_fd: i32, uid: u32, gid: u32, last_cap: i32) -> std::io::Result<()> {
-    // SAFETY (whole function): plain syscalls on integers and on stack structs that live for
+    // SAFETY: the whole block is plain syscalls on integers and on stack structs that live for
     // the duration of each call; nothing here touches memory shared with the parent.
     unsafe {
         if fuse_fd == SIDECAR_FD {

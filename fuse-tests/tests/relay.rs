@@ -1,0 +1,736 @@
+//! End-to-end tests of `drainfs relay`, run the way GKE's CSI driver runs gcsfuse: the fake node
+//! driver mounts with `fd=N` and hands the connection to an unprivileged sidecar (uid 65534, no
+//! capabilities), which is `drainfs relay --socket-buffer 212992 -- DAEMON ... /dev/fd/3`.
+//! Daemons: `bucketfs` (gcsfuse-like, fuser `Session::from_fd`, asks for 16 MiB writes) and
+//! `fuse-overlayfs` (libfuse 3, nobody's here). The baseline is the same daemon holding the
+//! kernel fd itself. Every test keys on state: exit codes, the fake driver's status line,
+//! bucket contents, `/status`.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::IntoRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fuse_tests::bucket::{read_events, wait_for_event};
+use fuse_tests::harness::{is_mounted, wait_until};
+use fuse_tests::relay::{Daemon, Sidecar, Via, find_key, pid_exists, proc_status_field};
+
+/// The relay with no extra options.
+fn relay() -> Via {
+    Via::Relay(Vec::new())
+}
+
+/// `len` bytes of a deterministic pseudo-random pattern (xorshift64, seeded by `seed`).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The errno name of an I/O error (`ENOENT`...), or its text when it has no errno.
+fn errno_name(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => format!("{:?}", nix::errno::Errno::from_raw(n)),
+        None => e.to_string(),
+    }
+}
+
+/// `Ok(v)` as `v`, an error as its errno name.
+fn show<T: std::fmt::Debug>(r: io::Result<T>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => errno_name(&e),
+    }
+}
+
+/// `close(2)` of a file, returning its result (dropping a `File` ignores it).
+fn close(f: File) -> io::Result<()> {
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was just released by `into_raw_fd`, so it is open and owned by nobody else.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes `data` to a new file at `path` and closes it, returning close's result.
+fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(data)?;
+    close(f)
+}
+
+/// A C string of a path.
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// `setxattr(2)`.
+fn setxattr(p: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let (p, n) = (cpath(p), CString::new(name).unwrap());
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `getxattr(2)` into a 4 KiB buffer.
+fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
+    let (p, n) = (cpath(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(rc as usize);
+    Ok(buf)
+}
+
+/// `listxattr(2)` into a 4 KiB buffer, names sorted.
+fn listxattr(p: &Path) -> io::Result<Vec<String>> {
+    let p = cpath(p);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a valid NUL-terminated string and a buffer of the given length.
+    let rc = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(rc as usize);
+    let mut names: Vec<String> = buf
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Sorted entry names of a directory.
+fn names(dir: &Path) -> io::Result<Vec<String>> {
+    let mut v: Vec<String> = fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<_>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// The same file-operation script, run on a mount; one result line per step (values, or the
+/// errno name). Inode numbers, owners and times are left out: they legitimately differ.
+fn script(root: &Path) -> Vec<String> {
+    let d = root.join("d");
+    let f = d.join("f");
+    let g = d.join("g");
+    let h = d.join("h");
+    let big = pattern(300 * 1024, 7);
+    let mut out = Vec::new();
+    let mut step = |name: &str, r: String| out.push(format!("{name}: {r}"));
+    step("mkdir d", show(fs::create_dir(&d)));
+    step("mkdir d again", show(fs::create_dir(&d)));
+    step("write f", show(write_file(&f, b"hello world")));
+    step("read f", show(fs::read_to_string(&f)));
+    step(
+        "stat f",
+        show(fs::metadata(&f).map(|m| (m.is_file(), m.len(), m.mode() & 0o777))),
+    );
+    step(
+        "append f",
+        show(
+            OpenOptions::new()
+                .append(true)
+                .open(&f)
+                .and_then(|mut x| x.write_all(b", again").and_then(|()| close(x))),
+        ),
+    );
+    step("read f again", show(fs::read_to_string(&f)));
+    step("rename f g", show(fs::rename(&f, &g)));
+    step("read f after rename", show(fs::read(&f)));
+    step("read g", show(fs::read_to_string(&g)));
+    step("write h (300 KiB)", show(write_file(&h, &big)));
+    step("read h equals", show(fs::read(&h).map(|x| x == big)));
+    step(
+        "truncate h",
+        show(
+            OpenOptions::new()
+                .write(true)
+                .open(&h)
+                .and_then(|x| x.set_len(1000).and_then(|()| close(x))),
+        ),
+    );
+    step("stat h", show(fs::metadata(&h).map(|m| m.len())));
+    step("readdir d", show(names(&d)));
+    step("setxattr g", show(setxattr(&g, "user.k", b"v")));
+    step("getxattr g", show(getxattr(&g, "user.k")));
+    step("listxattr g", show(listxattr(&g)));
+    step("getxattr missing", show(getxattr(&g, "user.missing")));
+    step("unlink g", show(fs::remove_file(&g)));
+    step("unlink g again", show(fs::remove_file(&g)));
+    step("rmdir d (not empty)", show(fs::remove_dir(&d)));
+    step("unlink h", show(fs::remove_file(&h)));
+    step("rmdir d", show(fs::remove_dir(&d)));
+    step("open missing", show(File::open(root.join("missing"))));
+    step("readdir root", show(names(root)));
+    step(
+        "statfs",
+        show(
+            nix::sys::statvfs::statvfs(root)
+                .map(|_| ())
+                .map_err(io::Error::from),
+        ),
+    );
+    out
+}
+
+/// Runs [`script`] over `daemon` directly and through the relay and asserts identical results.
+fn parity(daemon: Daemon) {
+    let run = |via: Via| {
+        let mut s = Sidecar::start(daemon.clone(), via);
+        let lines = script(&s.mnt);
+        s.stop(Duration::from_secs(15));
+        lines
+    };
+    let direct = run(Via::Direct);
+    let relayed = run(relay());
+    assert!(
+        direct
+            .iter()
+            .any(|l| l == "read f again: \"hello world, again\""),
+        "the script itself failed on the direct connection: {direct:#?}"
+    );
+    for (a, b) in direct.iter().zip(&relayed) {
+        assert_eq!(a, b, "direct vs relay differ");
+    }
+    assert_eq!(direct.len(), relayed.len());
+}
+
+/// Waits until the relay's `/status` says nothing is in flight; returns the last document.
+fn wait_idle(s: &Sidecar, timeout: Duration) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    let idle = wait_until(timeout, || {
+        last = s.status();
+        last["outstanding"]["in_flight"].as_i64() == Some(0)
+    });
+    assert!(idle, "in-flight did not go back to 0: {last:#}");
+    last
+}
+
+/// Runs `f` on another thread and returns its result, or `None` if it takes longer than
+/// `timeout` (the thread is left behind, blocked).
+fn within<T: Send + 'static>(
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(timeout).ok()
+}
+
+// ------------------------------------------------------------------------------------------
+// Baseline: the daemon on the kernel fd, as in GKE today.
+
+#[test]
+fn baseline_direct_bucketfs_serves_and_is_sigkilled_after_5s() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), Via::Direct);
+    let data = pattern(4096, 1);
+    write_file(&s.path("a.bin"), &data).unwrap();
+    assert_eq!(fs::read(s.path("a.bin")).unwrap(), data);
+    assert_eq!(
+        fs::read(s.store.join("a.bin")).unwrap(),
+        data,
+        "uploaded on close"
+    );
+    assert_eq!(
+        proc_status_field(s.sidecar_pid(), "Uid").unwrap(),
+        "65534\t65534\t65534\t65534"
+    );
+    assert_eq!(
+        proc_status_field(s.sidecar_pid(), "CapEff").unwrap(),
+        "0000000000000000"
+    );
+
+    let e = s.stop(Duration::from_secs(15));
+    eprintln!("baseline stop: {e}");
+    // gcsfuse (and bucketfs) on a /dev/fd/N mount ignore SIGTERM: the sidecar kills them 5 s later.
+    assert!(e.sigkill_sent, "{e}");
+    assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
+    let ms = e.ms_after_sigterm.unwrap();
+    assert!((4900..7000).contains(&ms), "{e}");
+    s.assert_nothing_left();
+}
+
+// ------------------------------------------------------------------------------------------
+// Through the relay.
+
+#[test]
+fn parity_bucketfs() {
+    parity(Daemon::Bucketfs(Vec::new()));
+}
+
+#[test]
+fn parity_overlay() {
+    parity(Daemon::Overlay);
+}
+
+#[test]
+fn relay_runs_unprivileged_and_the_daemon_never_holds_dev_fuse() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    let (relay_pid, daemon) = (s.sidecar_pid(), s.daemon_pid());
+    assert_ne!(
+        relay_pid, daemon,
+        "the relay must run the daemon as its child"
+    );
+    assert_eq!(
+        proc_status_field(relay_pid, "Uid").unwrap(),
+        "65534\t65534\t65534\t65534"
+    );
+    assert_eq!(
+        proc_status_field(relay_pid, "CapEff").unwrap(),
+        "0000000000000000"
+    );
+    let mut fuse_fds = Vec::new();
+    for fd in fs::read_dir(format!("/proc/{daemon}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let target = fs::read_link(fd.path()).unwrap_or_default();
+        if target == Path::new("/dev/fuse") {
+            fuse_fds.push(fd.file_name());
+        }
+    }
+    assert!(
+        fuse_fds.is_empty(),
+        "the daemon holds /dev/fuse: {fuse_fds:?}"
+    );
+    let fd3 = fs::read_link(format!("/proc/{daemon}/fd/3")).unwrap();
+    assert!(
+        fd3.to_string_lossy().starts_with("socket:"),
+        "daemon fd 3 is {fd3:?}"
+    );
+    let fdinfo = fs::read_to_string(format!("/proc/{daemon}/fdinfo/3")).unwrap();
+    let flags = fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+        .unwrap();
+    assert_eq!(
+        flags & libc::O_NONBLOCK as u32,
+        0,
+        "the daemon's socket must be blocking"
+    );
+
+    let st = s.status();
+    assert_eq!(st["data_path"], "relay", "{st:#}");
+    // fuser asks for 16 MiB writes; every message must fit one datagram of the socket the
+    // relay obtained (SO_SNDBUF 212992, doubled by the kernel).
+    let max_write = find_key(&st, "max_write")
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("no max_write in /status: {st:#}"));
+    assert!(
+        (4096..=2 * 212_992).contains(&max_write),
+        "max_write {max_write} is not capped to the socket: {st:#}"
+    );
+
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    s.assert_nothing_left();
+}
+
+/// 64 MiB written in 1 MiB writes and read back through the relay, compared with the data
+/// and with what the daemon stored: every WRITE and READ crosses the socket in pieces that fit.
+fn large_write_read(daemon: Daemon) {
+    let mut s = Sidecar::start(daemon, relay());
+    let data = pattern(64 << 20, 42);
+    let path = s.path("big.bin");
+    let mut f = File::create(&path).unwrap();
+    for chunk in data.chunks(1 << 20) {
+        f.write_all(chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    close(f).unwrap();
+    let mut back = Vec::with_capacity(data.len());
+    File::open(&path).unwrap().read_to_end(&mut back).unwrap();
+    assert!(back == data, "read back through the relay differs");
+    let stored = fs::read(s.store.join("big.bin")).unwrap();
+    assert!(stored == data, "the daemon's stored copy differs");
+    wait_idle(&s, Duration::from_secs(5));
+    let e = s.stop(Duration::from_secs(15));
+    assert!(!e.sigkill_sent, "{e}");
+    s.assert_nothing_left();
+}
+
+#[test]
+fn large_write_read_64mib_bucketfs() {
+    large_write_read(Daemon::Bucketfs(Vec::new()));
+}
+
+#[test]
+fn large_write_read_64mib_overlay() {
+    large_write_read(Daemon::Overlay);
+}
+
+#[test]
+fn interrupts_during_a_slow_read() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--slow-read".into(),
+            "slow".into(),
+            "--read-delay".into(),
+            "2s".into(),
+        ]),
+        relay(),
+    );
+    let data = pattern(100_000, 3);
+    fs::write(s.store.join("slow.bin"), &data).unwrap();
+    fs::write(s.store.join("fast.bin"), b"fast").unwrap();
+
+    // A handled signal: the kernel sends INTERRUPT; the read still completes with all the data.
+    let mut reader = Command::new("python3")
+        .args([
+            "-c",
+            "import signal, sys\n\
+             signal.signal(signal.SIGUSR1, lambda *a: None)\n\
+             print('armed', flush=True)\n\
+             d = open(sys.argv[1], 'rb').read()\n\
+             print(len(d))",
+        ])
+        .arg(s.path("slow.bin"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(reader.stdout.take().unwrap());
+    let mut armed = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut armed).unwrap();
+    assert_eq!(armed.trim(), "armed");
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = nix::unistd::Pid::from_raw(reader.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
+    let (status, rest) = within(Duration::from_secs(10), move || {
+        let mut rest = String::new();
+        let _ = stdout.read_to_string(&mut rest);
+        (reader.wait(), rest)
+    })
+    .expect("the interrupted read hangs");
+    assert!(status.as_ref().unwrap().success(), "{status:?}");
+    assert_eq!(rest.trim(), data.len().to_string());
+
+    // A fatal signal: the reader dies; the relay's books still balance.
+    let mut cat = Command::new("cat")
+        .arg(s.path("slow.bin"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cat.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let st = within(Duration::from_secs(10), move || cat.wait())
+        .expect("the killed reader hangs")
+        .unwrap();
+    assert!(!st.success(), "{st:?}");
+
+    wait_idle(&s, Duration::from_secs(5));
+    assert_eq!(fs::read(s.path("fast.bin")).unwrap(), b"fast");
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    s.assert_nothing_left();
+}
+
+#[test]
+fn batch_forget_flood() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    // 20 000 objects, created in the bucket directly, then looked up through the mount so that
+    // the kernel holds 20 000 inodes; dropping the caches forgets them in BATCH_FORGETs.
+    for d in 0..20 {
+        let dir = s.store.join(format!("d{d:02}"));
+        fs::create_dir(&dir).unwrap();
+        for i in 0..1000 {
+            fs::write(dir.join(format!("f{i:04}")), b"x").unwrap();
+        }
+    }
+    let mut seen = 0;
+    for d in 0..20 {
+        let dir = s.path(&format!("d{d:02}"));
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            assert_eq!(fs::metadata(e.path()).unwrap().len(), 1);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 20_000);
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let st = wait_idle(&s, Duration::from_secs(10));
+    eprintln!("after the flood: {}", st["outstanding"]);
+
+    write_file(&s.path("after.txt"), b"still here").unwrap();
+    assert_eq!(fs::read(s.path("after.txt")).unwrap(), b"still here");
+    assert_eq!(fs::read(s.path("d07/f0123")).unwrap(), b"x");
+    assert!(pid_exists(s.daemon_pid()));
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    // The flood really went through the relay (otherwise this test proves nothing).
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&s.summary).unwrap()).unwrap();
+    let forgets = find_key(&summary, "forgets").and_then(|v| v.as_u64());
+    assert!(
+        forgets.is_some_and(|n| n > 0),
+        "no forgets relayed: {summary:#}"
+    );
+    s.assert_nothing_left();
+}
+
+#[test]
+fn idle_stop_is_fast_and_clean() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    write_file(&s.path("done.txt"), b"done").unwrap();
+    wait_idle(&s, Duration::from_secs(5));
+    let e = s.stop(Duration::from_secs(15));
+    eprintln!("idle stop: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    // Target: under 20 ms from SIGTERM to daemon exit; the bound here leaves room for a loaded
+    // test machine.
+    assert!(e.ms_after_sigterm.unwrap() < 500, "{e}");
+    assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
+    assert_eq!(fs::read(s.store.join("done.txt")).unwrap(), b"done");
+    s.assert_nothing_left();
+}
+
+#[test]
+fn drain_waits_for_a_slow_flush() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec!["--upload-delay".into(), "2s".into()]),
+        relay(),
+    );
+    let data = pattern(1 << 20, 9);
+    let mut f = File::create(s.path("out.bin")).unwrap();
+    f.write_all(&data).unwrap();
+    let closer = std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = close(f);
+        (r.map_err(|e| errno_name(&e)), t.elapsed())
+    });
+    wait_for_event(&s.events, Duration::from_secs(5), |e| {
+        e.is("upload_start", "out.bin")
+    })
+    .expect("the FLUSH reached the daemon");
+    let newfile = s.path("new.txt");
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        File::create(&newfile)
+            .map(|_| ())
+            .map_err(|e| errno_name(&e))
+    });
+
+    let e = s.stop(Duration::from_secs(15));
+    eprintln!("drain stop: {e}");
+    let (closed, took) = closer.join().unwrap();
+    assert_eq!(closed, Ok(()), "close() during the drain");
+    assert!(took >= Duration::from_millis(1500), "close took {took:?}");
+    assert_eq!(
+        opener.join().unwrap(),
+        Err("ESHUTDOWN".to_string()),
+        "a new create while draining"
+    );
+    assert!(
+        fs::read(s.store.join("out.bin")).unwrap() == data,
+        "the object is not complete"
+    );
+    assert!(!s.store.join("new.txt").exists());
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(e.ms_after_sigterm.unwrap() < 5000, "{e}");
+    assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
+    s.assert_nothing_left();
+}
+
+#[test]
+fn overlay_stop_is_fast_and_keeps_data() {
+    let mut s = Sidecar::start(Daemon::Overlay, relay());
+    let data = pattern(3 << 20, 11);
+    write_file(&s.path("o.bin"), &data).unwrap();
+    wait_idle(&s, Duration::from_secs(5));
+    let e = s.stop(Duration::from_secs(15));
+    eprintln!("overlay stop: {e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert!(e.ms_after_sigterm.unwrap() < 500, "{e}");
+    // libfuse reads the relay's end-of-stream as a "short read on fuse device" (EIO) and exits
+    // 1 (lib/fuse_lowlevel.c), which the relay reports as the daemon failing (69). A signal or
+    // any other code is a relay bug.
+    assert!(matches!(e.code, Some(0 | 69)), "{e}");
+    assert!(fs::read(s.store.join("o.bin")).unwrap() == data);
+    s.assert_nothing_left();
+}
+
+#[test]
+fn daemon_killed_mid_read_fails_fast() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--slow-read".into(),
+            "slow".into(),
+            "--read-delay".into(),
+            "30s".into(),
+        ]),
+        relay(),
+    );
+    fs::write(s.store.join("slow.bin"), b"slow").unwrap();
+    fs::write(s.store.join("other.bin"), b"other").unwrap();
+    let mut cat = Command::new("cat")
+        .arg(s.path("slow.bin"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        cat.try_wait().unwrap().is_none(),
+        "the read should be blocked"
+    );
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.daemon_pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let st = within(Duration::from_secs(3), move || cat.wait())
+        .expect("the blocked read hangs after the daemon died")
+        .unwrap();
+    eprintln!(
+        "blocked read ended {:?} after the kill: {st:?}",
+        killed.elapsed()
+    );
+    assert_eq!(
+        st.code(),
+        Some(1),
+        "cat must fail with an I/O error: {st:?}"
+    );
+    let other = s.path("other.bin");
+    let later = within(Duration::from_secs(3), move || {
+        fs::read(other).map_err(|e| errno_name(&e))
+    })
+    .expect("a later read hangs");
+    assert!(later.is_err(), "a later read succeeded: {later:?}");
+
+    // The relay may exit by itself or wait for the stop; either way without a SIGKILL.
+    let exited = wait_until(Duration::from_secs(3), || s.stdout_has_status());
+    let e = if exited {
+        s.wait(Duration::from_secs(5))
+    } else {
+        s.stop(Duration::from_secs(15))
+    };
+    eprintln!("after the daemon's death: {e}");
+    assert!(!e.sigkill_sent, "{e}");
+    // drainfs reports the daemon's death the way gcsfuse's own death would look to the CSI
+    // sidecar: it ends by the same signal (SIGKILL), after writing its summary.
+    assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
+    s.assert_nothing_left();
+}
+
+/// Waits for the sidecar to exit on its own after the kernel side went away; asserts a clean
+/// daemon stop (relay exit 0, bucketfs logged its exit) and nothing left behind.
+fn assert_stops_by_itself(s: &mut Sidecar) {
+    let e = s.wait(Duration::from_secs(5));
+    eprintln!("after the kernel side went away: {e}");
+    assert_eq!(
+        e.ms_after_sigterm, None,
+        "the sidecar did not stop by itself: {e}"
+    );
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
+    s.assert_nothing_left();
+}
+
+#[test]
+fn lazy_unmount_stops_the_daemon_cleanly() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    write_file(&s.path("kept.txt"), b"kept").unwrap();
+    let st = Command::new("umount")
+        .arg("-l")
+        .arg(&s.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_stops_by_itself(&mut s);
+    assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
+}
+
+/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
+/// lives when it was not mounted already.
+struct Fusectl {
+    /// Whether this guard mounted it (and so unmounts it).
+    mounted_here: bool,
+}
+
+/// Where the fuse control filesystem lives.
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+impl Fusectl {
+    fn ensure() -> Fusectl {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+#[test]
+fn connection_abort_stops_the_daemon_cleanly() {
+    let _fusectl = Fusectl::ensure();
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    write_file(&s.path("kept.txt"), b"kept").unwrap();
+    let dev = fs::metadata(&s.mnt).unwrap().dev();
+    let abort = format!(
+        "/sys/fs/fuse/connections/{}/abort",
+        nix::sys::stat::minor(dev)
+    );
+    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    assert_stops_by_itself(&mut s);
+    assert!(!is_mounted(&s.mnt));
+    assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
+}
