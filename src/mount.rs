@@ -162,13 +162,15 @@ pub fn absolute(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether `path` is a FUSE mount whose daemon is gone: `stat` fails with ENOTCONN or
+/// Whether `path` is a FUSE mount whose daemon is gone: `statfs` fails with ENOTCONN or
 /// ECONNABORTED.
 pub fn is_dead(path: &Path) -> bool {
-    match std::fs::metadata(path) {
+    // statfs, not stat: the kernel answers stat from its attribute cache for up to the TTL
+    // after the daemon died, while STATFS always goes to the connection.
+    match nix::sys::statfs::statfs(path) {
         Err(e) => matches!(
-            e.raw_os_error(),
-            Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+            e,
+            nix::errno::Errno::ENOTCONN | nix::errno::Errno::ECONNABORTED
         ),
         Ok(_) => false,
     }

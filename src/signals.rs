@@ -10,14 +10,26 @@
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 
-/// The signals drainfs consumes.
-pub const HANDLED: [Signal; 6] = [
+/// The signals drainfs consumes: SIGTERM and SIGINT (triggers), SIGCHLD (the reaper), and
+/// every other signal whose default action would end the process without a teardown (a stray
+/// `kill -USR2` or an alarm must not leave a dead mount and an orphaned lower): those are
+/// logged and ignored. SIGPIPE stays ignored as Rust sets it (a failed write returns EPIPE).
+pub const HANDLED: [Signal; 15] = [
     Signal::SIGTERM,
     Signal::SIGINT,
     Signal::SIGCHLD,
     Signal::SIGHUP,
     Signal::SIGQUIT,
     Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGALRM,
+    Signal::SIGVTALRM,
+    Signal::SIGPROF,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+    Signal::SIGXCPU,
+    Signal::SIGXFSZ,
+    Signal::SIGSTKFLT,
 ];
 
 fn set() -> SigSet {

@@ -904,3 +904,87 @@ fn read_handles_and_directories_do_not_hold_the_job() {
     drop((reader, dir));
     s.assert_nothing_mounted();
 }
+
+/// Signals whose default action would kill drainfs (SIGUSR2, SIGALRM, SIGVTALRM...) are
+/// ignored: no dead mount, no orphaned lower, and a later exit file still ends it cleanly.
+#[test]
+fn stray_signals_do_not_kill_drainfs() {
+    let mut s = stack(&[], &[], true);
+    for sig in [
+        Signal::SIGUSR2,
+        Signal::SIGALRM,
+        Signal::SIGVTALRM,
+        Signal::SIGPROF,
+        Signal::SIGXCPU,
+    ] {
+        s.m.proc.signal(sig);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        s.m.proc.wait_timeout(Duration::ZERO).is_none(),
+        "drainfs died of a stray signal"
+    );
+    std::fs::write(s.m.path("after.txt"), b"still served").unwrap();
+    s.touch_exit_file();
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert_eq!(
+        std::fs::read(s.bucket.join("after.txt")).unwrap(),
+        b"still served"
+    );
+    s.assert_nothing_mounted();
+}
+
+/// A dead mount left by a SIGKILLed drainfs is repaired by the next `drainfs run` at once,
+/// even while the kernel would still answer `stat` from its attribute cache.
+#[test]
+fn a_fresh_dead_mount_is_repaired_by_the_next_run() {
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-life-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let guard = scopeguard(&mnt);
+    let ready = dir.path().join("ready");
+    let start = || {
+        let _ = std::fs::remove_file(&ready);
+        Command::new(bin("drainfs"))
+            .args(["run", "--ttl", "5s", "--lower"])
+            .arg(&lower)
+            .arg("--mountpoint")
+            .arg(&mnt)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = start();
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    std::fs::metadata(&mnt).unwrap(); // cache the root's attributes
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut second = start();
+    assert!(
+        wait_until(Duration::from_secs(10), || ready.exists()),
+        "the second run did not become ready: exit {:?}",
+        second.try_wait()
+    );
+    std::fs::write(mnt.join("f"), b"x").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    assert!(second.wait().unwrap().code().is_some());
+    assert_eq!(std::fs::read(lower.join("f")).unwrap(), b"x");
+    drop(guard);
+}
