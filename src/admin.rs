@@ -73,6 +73,21 @@ struct App {
     registry: Arc<prometheus_client::registry::Registry>,
 }
 
+/// The admin listener, bound by [`prebind`] before anything is started.
+static PREBOUND: parking_lot::Mutex<Option<std::net::TcpListener>> =
+    parking_lot::Mutex::new(None);
+
+/// Binds the admin server's address now, so that an address in use is a start-up error (one
+/// line, exit 2) instead of a failure found after the lower was started or the mount was up.
+///
+/// # Errors
+/// The bind error (`EADDRINUSE`, `EADDRNOTAVAIL`, `EACCES` for a privileged port).
+pub fn prebind(addr: SocketAddr) -> std::io::Result<()> {
+    let l = std::net::TcpListener::bind(addr)?;
+    *PREBOUND.lock() = Some(l);
+    Ok(())
+}
+
 async fn serve(addr: SocketAddr, control: Control) -> std::io::Result<()> {
     let (mountpoint, lower) = control.shared.paths();
     let app = App {
@@ -98,7 +113,14 @@ async fn serve(addr: SocketAddr, control: Control) -> std::io::Result<()> {
             axum::routing::post(quit).fallback(method_not_allowed),
         )
         .with_state(app);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let prebound = PREBOUND.lock().take();
+    let listener = match prebound {
+        Some(l) => {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)?
+        }
+        None => tokio::net::TcpListener::bind(addr).await?,
+    };
     tracing::info!(addr = %listener.local_addr()?, "admin server listening");
     axum::serve(
         listener,

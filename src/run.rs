@@ -64,6 +64,12 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
             None
         }
     };
+    if let Some(addr) = cfg.admin.admin_addr
+        && let Err(e) = crate::admin::prebind(addr)
+    {
+        eprintln!("drainfs: error: --admin-addr {addr}: {e}");
+        return ExitCode::Usage.code();
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("drainfs-control")

@@ -485,3 +485,36 @@ fn dead_soon(path: &Path) -> bool {
         std::fs::metadata(path).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)
     })
 }
+
+/// An admin address already in use is a start-up error: one line, exit 2, before the lower is
+/// started or anything is mounted (it used to be found later, with an exit code that depended
+/// on timing).
+#[test]
+fn admin_address_in_use_fails_before_anything_starts() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap();
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let (lower, mnt, marker) = (
+        dir.path().join("lower"),
+        dir.path().join("mnt"),
+        dir.path().join("lower-started"),
+    );
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let out = std::process::Command::new(fuse_tests::harness::bin("drainfs"))
+        .args(["run", "--lower"])
+        .arg(&lower)
+        .arg("--mountpoint")
+        .arg(&mnt)
+        .arg("--admin-addr")
+        .arg(addr.to_string())
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!marker.exists(), "the lower was started");
+    assert!(!fuse_tests::harness::is_mounted(&mnt));
+}
