@@ -1523,16 +1523,7 @@ impl Runner {
                 .notes
                 .push("closing drainfs's lower fds did not finish within its budget".into()),
         }
-        self.failed_flushes.extend(core.failed_flushes());
         self.shared.inner.lock().fs = None;
-        let refs = Arc::strong_count(&core);
-        drop(core);
-        if refs > 1 {
-            tracing::debug!(
-                refs,
-                "the core is still referenced (a stuck request); its lower fds close at exit"
-            );
-        }
 
         // The lower.
         if self.lower.watched() {
@@ -1554,6 +1545,14 @@ impl Runner {
                     .await;
             }
             self.remove_lower_mount(self.lower_mount.clone()).await;
+        }
+        // Read last: a FLUSH that was still in flight at a forced teardown fails only once the
+        // lower is stopped or its connection ended.
+        let failed = core.failed_flushes();
+        for f in failed {
+            if !self.failed_flushes.contains(&f) {
+                self.failed_flushes.push(f);
+            }
         }
         drain_exit_code(self)
     }

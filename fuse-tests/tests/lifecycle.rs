@@ -730,6 +730,10 @@ fn second_signal_stops_the_lower_promptly_and_gives_it_a_chance() {
         sum["open_paths"].to_string().contains("stuck.bin"),
         "summary names the stuck file: {sum}"
     );
+    assert!(
+        sum["failed_flushes"].to_string().contains("stuck.bin"),
+        "the stuck flush failed and the summary says so: {sum}"
+    );
     s.assert_nothing_mounted();
     hung.join().unwrap();
 }
