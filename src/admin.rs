@@ -74,8 +74,7 @@ struct App {
 }
 
 /// The admin listener, bound by [`prebind`] before anything is started.
-static PREBOUND: parking_lot::Mutex<Option<std::net::TcpListener>> =
-    parking_lot::Mutex::new(None);
+static PREBOUND: parking_lot::Mutex<Option<std::net::TcpListener>> = parking_lot::Mutex::new(None);
 
 /// Binds the admin server's address now, so that an address in use is a start-up error (one
 /// line, exit 2) instead of a failure found after the lower was started or the mount was up.

@@ -179,6 +179,11 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
     pub log_level: Option<String>,
 
+    /// Write logs to stdout instead of stderr. The gcsfuse drop-in sets it: GKE's sidecar
+    /// copies gcsfuse's stderr into the error file its node driver turns into mount errors.
+    #[arg(long, env = "DRAINFS_LOG_TO_STDOUT", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_OBS)]
+    pub log_to_stdout: bool,
+
     /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
     #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
     pub admin_addr: Option<SocketAddr>,
@@ -306,6 +311,11 @@ pub struct RelayArgs {
     #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
     pub log_level: Option<String>,
 
+    /// Write logs to stdout instead of stderr. The gcsfuse drop-in sets it: GKE's sidecar
+    /// copies gcsfuse's stderr into the error file its node driver turns into mount errors.
+    #[arg(long, env = "DRAINFS_LOG_TO_STDOUT", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_OBS)]
+    pub log_to_stdout: bool,
+
     /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
     #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
     pub admin_addr: Option<SocketAddr>,
@@ -361,6 +371,7 @@ impl RelayArgs {
                     LogFormatArg::Json => LogFormat::Json,
                 },
                 level: self.log_level,
+                to_stdout: self.log_to_stdout,
             },
         }
     }
@@ -501,6 +512,7 @@ impl RunArgs {
                     LogFormatArg::Json => LogFormat::Json,
                 },
                 level: self.log_level,
+                to_stdout: self.log_to_stdout,
             },
             check_config: self.check_config,
         }

@@ -166,6 +166,8 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// Filter directive; `None` falls back to `RUST_LOG`, then `info`.
     pub level: Option<String>,
+    /// Logs go to stdout instead of stderr.
+    pub to_stdout: bool,
 }
 
 fn ser_argv<S: serde::Serializer>(argv: &[OsString], s: S) -> Result<S::Ok, S::Error> {

@@ -137,6 +137,7 @@ pub fn client(cmd: Command) -> i32 {
     crate::logging::init(&crate::config::LogConfig {
         format: crate::config::LogFormat::Text,
         level: None,
+        to_stdout: false,
     });
     match cmd {
         Command::Run(_) | Command::Relay(_) => ExitCode::Usage.code(),

@@ -87,7 +87,8 @@ where
     }
 }
 
-/// Installs the global subscriber (logs go to stderr). Idempotent: a second call is ignored.
+/// Installs the global subscriber (logs go to stderr, or stdout with `to_stdout`). Idempotent:
+/// a second call is ignored.
 pub fn init(cfg: &LogConfig) {
     let filter = cfg
         .level
@@ -101,8 +102,16 @@ pub fn init(cfg: &LogConfig) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(if cfg.to_stdout {
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stdout)
+        } else {
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr)
+        })
+        .with_ansi(if cfg.to_stdout {
+            std::io::stdout().is_terminal()
+        } else {
+            std::io::stderr().is_terminal()
+        })
         // A log reader that went away (a closed pipe) must not take the mount down: by default
         // tracing-subscriber reports a failed write with `eprintln!`, which panics on EPIPE.
         .log_internal_errors(false);

@@ -13,7 +13,14 @@ fn main() {
         let real =
             std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
         let rest = args.split_off(1);
-        args = vec!["drainfs".into(), "relay".into(), "--".into(), real];
+        // Logs to stdout: the CSI sidecar turns anything on gcsfuse's stderr into mount errors.
+        args = vec![
+            "drainfs".into(),
+            "relay".into(),
+            "--log-to-stdout".into(),
+            "--".into(),
+            real,
+        ];
         args.extend(rest);
     }
     let cli = match Cli::try_parse_from(args) {

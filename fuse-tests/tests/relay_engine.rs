@@ -509,3 +509,86 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     let _ = app.join();
 }
+
+/// Invoked as `gcsfuse` (the CSI sidecar's binary name), drainfs relays to the real binary
+/// (`DRAINFS_REAL_GCSFUSE`) and keeps stderr for what the node driver must see: a clean run
+/// writes its logs to stdout and nothing to stderr, which GKE's sidecar copies into the error
+/// file that the node driver turns into a mount error.
+#[test]
+fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, bucket) = (dir.path().join("mnt"), dir.path().join("bucket"));
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::create_dir(&bucket).unwrap();
+    let gcsfuse = dir.path().join("gcsfuse");
+    std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
+    let fuse: OwnedFd = nix::fcntl::open(
+        "/dev/fuse",
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    )
+    .expect("open /dev/fuse (run as root)");
+    let n = fuse.as_raw_fd();
+    nix::mount::mount(
+        Some("relay-test"),
+        &mnt,
+        Some("fuse"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(format!("fd={n},rootmode=40000,user_id=0,group_id=0,allow_other").as_str()),
+    )
+    .expect("mount fd=N");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            fuse_tests::harness::force_unmount(&self.0);
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let child = Command::new(&gcsfuse)
+        .env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
+        .env("DRAINFS_SOCKET_BUFFER", "212992")
+        .env("DRAINFS_LOG_FORMAT", "json")
+        .args(["--bucket"])
+        .arg(&bucket)
+        .arg("--mountpoint")
+        .arg(format!("/dev/fd/{n}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(fuse);
+    assert!(wait_until(Duration::from_secs(10), || serving(&mnt)));
+    write_file(&mnt.join("a.txt"), b"through the drop-in").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        std::fs::read(bucket.join("a.txt")).unwrap(),
+        b"through the drop-in"
+    );
+    // drainfs's own lines are JSON (DRAINFS_LOG_FORMAT=json); the daemon's stderr is its own.
+    let json_lines = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|v| v["severity"].is_string())
+            })
+            .count()
+    };
+    assert!(
+        json_lines(&out.stdout) > 0,
+        "drainfs logged nothing on stdout"
+    );
+    assert_eq!(
+        json_lines(&out.stderr),
+        0,
+        "drainfs logged on stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
