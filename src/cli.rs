@@ -163,6 +163,32 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_GRACE_MARGIN", value_parser = parse_duration, help_heading = HEADING_SHUTDOWN)]
     pub grace_margin: Option<Duration>,
 
+    /// Summary, logs, admin server, control socket, ready file.
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Validate the configuration, print it as JSON and exit 0 (nothing is mounted or started).
+    #[arg(long)]
+    pub check_config: bool,
+
+    /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
+    /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
+    /// socket) instead of serving a view of a lower directory.
+    #[arg(long, env = "DRAINFS_RELAY", requires = "command", conflicts_with_all = ["lower", "lower_pid"], help_heading = HEADING_RELAY)]
+    pub relay: bool,
+
+    /// Relay options (with `--relay`).
+    #[command(flatten)]
+    pub relay_opts: RelayOptArgs,
+
+    /// The lower's process and its arguments, e.g. `gcsfuse --foreground BUCKET LOWER`.
+    #[arg(last = true, id = "command")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Where the outcome and the logs go, and the control plane: shared by `run` and `relay`.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
     /// Write the JSON shutdown summary here (atomically).
     #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
     pub summary_file: Option<PathBuf>,
@@ -192,27 +218,10 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_CONTROL_SOCKET", help_heading = HEADING_OBS)]
     pub control_socket: Option<PathBuf>,
 
-    /// Write this file atomically once the mount serves; remove it when draining begins.
+    /// Write this file atomically once the mount serves (for the relay: once INIT went
+    /// through); remove it when draining begins.
     #[arg(long, env = "DRAINFS_READY_FILE", help_heading = HEADING_OBS)]
     pub ready_file: Option<PathBuf>,
-
-    /// Validate the configuration, print it as JSON and exit 0 (nothing is mounted or started).
-    #[arg(long)]
-    pub check_config: bool,
-
-    /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
-    /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
-    /// socket) instead of serving a view of a lower directory.
-    #[arg(long, env = "DRAINFS_RELAY", requires = "command", conflicts_with_all = ["lower", "lower_pid"], help_heading = HEADING_RELAY)]
-    pub relay: bool,
-
-    /// Relay options (with `--relay`).
-    #[command(flatten)]
-    pub relay_opts: RelayOptArgs,
-
-    /// The lower's process and its arguments, e.g. `gcsfuse --foreground BUCKET LOWER`.
-    #[arg(last = true, id = "command")]
-    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
@@ -295,38 +304,9 @@ pub struct RelayArgs {
     #[arg(long, env = "DRAINFS_GRACE_MARGIN", value_parser = parse_duration, help_heading = HEADING_SHUTDOWN)]
     pub grace_margin: Option<Duration>,
 
-    /// Write the JSON shutdown summary here (atomically).
-    #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
-    pub summary_file: Option<PathBuf>,
-
-    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`).
-    #[arg(long, env = "DRAINFS_TERMINATION_LOG", help_heading = HEADING_SHUTDOWN)]
-    pub termination_log: Option<PathBuf>,
-
-    /// Log format.
-    #[arg(long, env = "DRAINFS_LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text, help_heading = HEADING_OBS)]
-    pub log_format: LogFormatArg,
-
-    /// Log level or filter (`info`, `drainfs=debug`); `RUST_LOG` is used when this is unset.
-    #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
-    pub log_level: Option<String>,
-
-    /// Write logs to stdout instead of stderr. The gcsfuse drop-in sets it: GKE's sidecar
-    /// copies gcsfuse's stderr into the error file its node driver turns into mount errors.
-    #[arg(long, env = "DRAINFS_LOG_TO_STDOUT", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_OBS)]
-    pub log_to_stdout: bool,
-
-    /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
-    #[arg(long, env = "DRAINFS_ADMIN_ADDR", help_heading = HEADING_OBS)]
-    pub admin_addr: Option<SocketAddr>,
-
-    /// Listen for control commands (status, drain, shutdown, wait) on this unix socket (0600).
-    #[arg(long, env = "DRAINFS_CONTROL_SOCKET", help_heading = HEADING_OBS)]
-    pub control_socket: Option<PathBuf>,
-
-    /// Write this file atomically once INIT went through; remove it when draining begins.
-    #[arg(long, env = "DRAINFS_READY_FILE", help_heading = HEADING_OBS)]
-    pub ready_file: Option<PathBuf>,
+    /// Summary, logs, admin server, control socket, ready file.
+    #[command(flatten)]
+    pub out: OutputArgs,
 
     /// The daemon and its arguments, e.g. `gcsfuse --foreground BUCKET /dev/fd/3`.
     #[arg(last = true, required = true, id = "command")]
@@ -357,21 +337,21 @@ impl RelayArgs {
                 quiet_period: Duration::ZERO,
                 grace_period: self.grace_period,
                 grace_margin,
-                summary_file: self.summary_file,
-                termination_log: self.termination_log,
-                ready_file: self.ready_file,
+                summary_file: self.out.summary_file,
+                termination_log: self.out.termination_log,
+                ready_file: self.out.ready_file,
             },
             admin: AdminConfig {
-                admin_addr: self.admin_addr,
-                control_socket: self.control_socket,
+                admin_addr: self.out.admin_addr,
+                control_socket: self.out.control_socket,
             },
             log: LogConfig {
-                format: match self.log_format {
+                format: match self.out.log_format {
                     LogFormatArg::Text => LogFormat::Text,
                     LogFormatArg::Json => LogFormat::Json,
                 },
-                level: self.log_level,
-                to_stdout: self.log_to_stdout,
+                level: self.out.log_level,
+                to_stdout: self.out.log_to_stdout,
             },
         }
     }
@@ -498,21 +478,21 @@ impl RunArgs {
                 quiet_period: self.quiet_period,
                 grace_period: self.grace_period,
                 grace_margin,
-                summary_file: self.summary_file,
-                termination_log: self.termination_log,
-                ready_file: self.ready_file,
+                summary_file: self.out.summary_file,
+                termination_log: self.out.termination_log,
+                ready_file: self.out.ready_file,
             },
             admin: AdminConfig {
-                admin_addr: self.admin_addr,
-                control_socket: self.control_socket,
+                admin_addr: self.out.admin_addr,
+                control_socket: self.out.control_socket,
             },
             log: LogConfig {
-                format: match self.log_format {
+                format: match self.out.log_format {
                     LogFormatArg::Text => LogFormat::Text,
                     LogFormatArg::Json => LogFormat::Json,
                 },
-                level: self.log_level,
-                to_stdout: self.log_to_stdout,
+                level: self.out.log_level,
+                to_stdout: self.out.log_to_stdout,
             },
             check_config: self.check_config,
         }
