@@ -232,9 +232,16 @@ pub fn preflight(
         .write(true)
         .open("/dev/fuse")
     {
-        return Err(Preflight(format!(
-            "/dev/fuse is unusable ({e}); load the fuse module or give the container /dev/fuse"
-        )));
+        let fix = match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => {
+                "run drainfs as root, or make /dev/fuse readable and writable by its user"
+            }
+            Some(libc::ENOENT) | Some(libc::ENXIO) | Some(libc::ENODEV) => {
+                "load the fuse module, or give the container the /dev/fuse device"
+            }
+            _ => "check the device and the container's device permissions",
+        };
+        return Err(Preflight(format!("/dev/fuse is unusable ({e}); {fix}")));
     }
     if which("fusermount3").is_none() {
         return Err(Preflight(

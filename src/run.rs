@@ -64,6 +64,10 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
             None
         }
     };
+    if let Err(e) = check_outputs(&cfg) {
+        eprintln!("drainfs: error: {e}");
+        return ExitCode::Usage.code();
+    }
     if let Some(addr) = cfg.admin.admin_addr
         && let Err(e) = crate::admin::prebind(addr)
     {
@@ -148,4 +152,38 @@ fn prepare_process() {
     {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
+}
+
+/// Start-up checks of what would otherwise fail only at shutdown or at once after start: the
+/// summary file's and the termination log's directories exist, and a watched pid is alive.
+fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
+    let files = [
+        ("--summary-file", cfg.lifecycle.summary_file.as_deref()),
+        (
+            "--termination-log",
+            cfg.lifecycle.termination_log.as_deref(),
+        ),
+        ("--ready-file", cfg.lifecycle.ready_file.as_deref()),
+    ];
+    for (flag, path) in files {
+        let Some(path) = path else { continue };
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(format!(
+                "{flag} {}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            ));
+        }
+    }
+    if let Some(pid) = cfg.lifecycle.watch_pid
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
+    {
+        return Err(format!("--watch-pid {pid}: no such process"));
+    }
+    Ok(())
 }

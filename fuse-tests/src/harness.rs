@@ -198,6 +198,8 @@ pub struct Mounted {
     pub mnt: PathBuf,
     /// The drainfs process.
     pub proc: Proc,
+    /// drainfs's `--ready-file` (the test's own, or one the harness adds).
+    pub ready: PathBuf,
 }
 
 /// Options for [`Mounted::start`].
@@ -253,6 +255,15 @@ impl Mounted {
             .arg("--mountpoint")
             .arg(&mnt);
         cmd.args(&opts.args);
+        // drainfs writes the ready file once serving: the harness waits on that state.
+        let ready = match opts.args.iter().position(|a| a == "--ready-file") {
+            Some(i) => PathBuf::from(&opts.args[i + 1]),
+            None => {
+                let r = dir.path().join("harness-ready");
+                cmd.arg("--ready-file").arg(&r);
+                r
+            }
+        };
         if !opts.lower_cmd.is_empty() {
             cmd.arg("--");
             for a in &opts.lower_cmd {
@@ -273,6 +284,7 @@ impl Mounted {
             lower,
             mnt,
             proc,
+            ready,
         };
         if !opts.no_wait {
             m.wait_serving(Duration::from_secs(30));
@@ -287,7 +299,7 @@ impl Mounted {
             if self.proc.child.try_wait().ok().flatten().is_some() {
                 return true;
             }
-            self.proc.stderr_contains("starting -> serving") && is_mounted(&mnt)
+            self.ready.exists() && is_mounted(&mnt)
         });
         assert!(
             ok && is_mounted(&mnt),

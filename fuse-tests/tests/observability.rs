@@ -518,3 +518,33 @@ fn admin_address_in_use_fails_before_anything_starts() {
     assert!(!marker.exists(), "the lower was started");
     assert!(!fuse_tests::harness::is_mounted(&mnt));
 }
+
+/// Settings that would only fail at shutdown (a summary file in a missing directory) or make
+/// drainfs stop at once (a watched pid that does not exist) are start-up errors: one line,
+/// exit 2, nothing mounted.
+#[test]
+fn outputs_and_watched_pid_are_checked_at_start() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let missing = dir.path().join("no-such-dir").join("summary.json");
+    let cases: [&[&str]; 2] = [
+        &["--summary-file", missing.to_str().unwrap()],
+        &["--watch-pid", "999999999"],
+    ];
+    for extra in cases {
+        let out = Command::new(bin("drainfs"))
+            .args(["run", "--lower"])
+            .arg(&lower)
+            .arg("--mountpoint")
+            .arg(&mnt)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(!is_mounted(&mnt));
+    }
+}
