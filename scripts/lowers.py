@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start, mount, inspect and stop the "real lowers" of drainfs (issue 4), on loopback.
+"""Start, mount, inspect and stop the "real lowers" of drainfs, on loopback.
 
 Two pairs, each an object-store server plus a FUSE client of it:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #6 check: do the admin server's probes and metrics cost anything on the data path?
+# Check: do the admin server's probes and metrics cost anything on the data path?
 # Runs the same fio jobs against drainfs over a tmpfs lower, interleaved, with and without
 # `--admin-addr` plus a scraper hitting /metrics, /livez, /readyz and /status every second
 # over one keep-alive connection (already more than a kubelet, which probes every 5-10 s, and

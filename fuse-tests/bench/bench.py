@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""drainfs benchmark (issue 5): raw tmpfs lower vs drainfs (kernel passthrough) vs drainfs
+"""drainfs benchmark: raw tmpfs lower vs drainfs (kernel passthrough) vs drainfs
 (--passthrough never), interleaved, medians of repetitions. Python 3 stdlib only.
 
 Run it through run.sh (which builds, makes the work directory and cleans up behind it); see

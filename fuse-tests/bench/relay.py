@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""drainfs relay benchmark (issue 11): the same FUSE daemon (bucketfs, which stages data in a
+"""drainfs relay benchmark: the same FUSE daemon (bucketfs, which stages data in a
 local directory) served directly on its /dev/fd/N connection vs through `drainfs relay`, in one
 run, interleaved, medians of repetitions. Python 3 stdlib only; run it through relay.sh.
 

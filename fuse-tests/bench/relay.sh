@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# drainfs relay benchmark (issue 11): bucketfs served directly on its /dev/fd/N connection vs
+# drainfs relay benchmark: bucketfs served directly on its /dev/fd/N connection vs
 # through `drainfs relay` (128 KiB default message cap, and the largest cap the buffers allow),
 # mounts made by fake-node-driver as GKE's CSI driver makes them, socket buffers 212992.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# drainfs benchmark (issue 5): raw tmpfs lower vs drainfs (passthrough) vs drainfs (never).
+# drainfs benchmark: raw tmpfs lower vs drainfs (passthrough) vs drainfs (never).
 #
 #   fuse-tests/bench/run.sh            full run (~16 min): 3 interleaved reps, fio 10 s per job
 #   fuse-tests/bench/run.sh --smoke    CI smoke (< 1 min after the build): every part, tiny sizes

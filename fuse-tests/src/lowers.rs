@@ -1,4 +1,4 @@
-//! The real lowers of issue 4, for tests: an object-store server on loopback and the FUSE
+//! The real lowers (FUSE clients of object stores), for tests: an object-store server on loopback and the FUSE
 //! client of it that drainfs is mounted over, driven through `scripts/lowers.py`.
 //!
 //! - [`Kind::Gcs`]: fake-gcs-server + `rclone mount` (GCS backend, `--vfs-cache-mode off`), the
@@ -105,7 +105,7 @@ pub fn require_installed(tools: &[&str]) {
         }
     });
     if let Err(e) = r {
-        panic!("the real lowers of issue 4 are not installed ({e}): {INSTALL_HINT}");
+        panic!("the real lowers are not installed ({e}): {INSTALL_HINT}");
     }
     for tool in tools {
         let found = Command::new("sh")

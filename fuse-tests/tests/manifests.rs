@@ -1,4 +1,4 @@
-//! The Kubernetes manifests cannot drift from the CLI (issue #7): every drainfs invocation in
+//! The Kubernetes manifests cannot drift from the CLI: every drainfs invocation in
 //! `docker/k8s/*.yaml` (container commands and hooks, with their environment) is run against
 //! the real binary. `run` invocations get `--check-config` (validate and print, mount nothing)
 //! and must exit 0 with the configuration the manifest meant; the other subcommands must not
