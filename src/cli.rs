@@ -224,6 +224,33 @@ pub struct OutputArgs {
     pub ready_file: Option<PathBuf>,
 }
 
+impl OutputArgs {
+    fn admin_config(&self) -> AdminConfig {
+        AdminConfig {
+            admin_addr: self.admin_addr,
+            control_socket: self.control_socket.clone(),
+        }
+    }
+
+    fn log_config(&self) -> LogConfig {
+        LogConfig {
+            format: match self.log_format {
+                LogFormatArg::Text => LogFormat::Text,
+                LogFormatArg::Json => LogFormat::Json,
+            },
+            level: self.log_level.clone(),
+            to_stdout: self.log_to_stdout,
+        }
+    }
+}
+
+/// The grace margin: `--grace-margin`, else a tenth of the grace period between 250 ms and 3 s.
+fn grace_margin(grace_period: Duration, margin: Option<Duration>) -> Duration {
+    margin.unwrap_or_else(|| {
+        (grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
+    })
+}
+
 /// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
 #[derive(Debug, Args)]
 pub struct RelayOptArgs {
@@ -317,9 +344,7 @@ impl RelayArgs {
     /// Converts the parsed arguments into the run configuration of a relay over an inherited
     /// connection (SIGTERM always means the workload is gone).
     pub fn into_config(self) -> RunConfig {
-        let grace_margin = self.grace_margin.unwrap_or_else(|| {
-            (self.grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
-        });
+        let grace_margin = grace_margin(self.grace_period, self.grace_margin);
         RunConfig {
             fs: relay_fs(PathBuf::new()),
             check_config: false,
@@ -337,22 +362,12 @@ impl RelayArgs {
                 quiet_period: Duration::ZERO,
                 grace_period: self.grace_period,
                 grace_margin,
-                summary_file: self.out.summary_file,
-                termination_log: self.out.termination_log,
-                ready_file: self.out.ready_file,
+                summary_file: self.out.summary_file.clone(),
+                termination_log: self.out.termination_log.clone(),
+                ready_file: self.out.ready_file.clone(),
             },
-            admin: AdminConfig {
-                admin_addr: self.out.admin_addr,
-                control_socket: self.out.control_socket,
-            },
-            log: LogConfig {
-                format: match self.out.log_format {
-                    LogFormatArg::Text => LogFormat::Text,
-                    LogFormatArg::Json => LogFormat::Json,
-                },
-                level: self.out.log_level,
-                to_stdout: self.out.log_to_stdout,
-            },
+            admin: self.out.admin_config(),
+            log: self.out.log_config(),
         }
     }
 }
@@ -439,9 +454,7 @@ impl RunArgs {
             PassthroughArg::Reads => PassthroughMode::Reads,
         };
         let native_env = native_sidecar_env.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let grace_margin = self.grace_margin.unwrap_or_else(|| {
-            (self.grace_period / 10).clamp(Duration::from_millis(250), Duration::from_secs(3))
-        });
+        let grace_margin = grace_margin(self.grace_period, self.grace_margin);
         let lower_process = if self.command.is_empty() {
             LowerProcess::Adopted {
                 pid: self.lower_pid,
@@ -478,22 +491,12 @@ impl RunArgs {
                 quiet_period: self.quiet_period,
                 grace_period: self.grace_period,
                 grace_margin,
-                summary_file: self.out.summary_file,
-                termination_log: self.out.termination_log,
-                ready_file: self.out.ready_file,
+                summary_file: self.out.summary_file.clone(),
+                termination_log: self.out.termination_log.clone(),
+                ready_file: self.out.ready_file.clone(),
             },
-            admin: AdminConfig {
-                admin_addr: self.out.admin_addr,
-                control_socket: self.out.control_socket,
-            },
-            log: LogConfig {
-                format: match self.out.log_format {
-                    LogFormatArg::Text => LogFormat::Text,
-                    LogFormatArg::Json => LogFormat::Json,
-                },
-                level: self.out.log_level,
-                to_stdout: self.out.log_to_stdout,
-            },
+            admin: self.out.admin_config(),
+            log: self.out.log_config(),
             check_config: self.check_config,
         }
     }
