@@ -52,13 +52,9 @@ fn serving(mnt: &Path) -> bool {
 
 /// Mounts a fresh FUSE connection and starts the relay over bucketfs on it. `wait`: wait
 /// until the mount answers statfs.
-fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount {
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::create_dir(&bucket).unwrap();
-    // Not CLOEXEC: drainfs inherits it.
+/// Opens /dev/fuse and mounts `mnt` with `fd=N` as the CSI node driver does. The fd is not
+/// CLOEXEC: the process spawned next inherits it.
+fn mount_fd(mnt: &Path) -> OwnedFd {
     let fuse: OwnedFd = nix::fcntl::open(
         "/dev/fuse",
         nix::fcntl::OFlag::O_RDWR,
@@ -68,7 +64,7 @@ fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount 
     let n = fuse.as_raw_fd();
     nix::mount::mount(
         Some("relay-test"),
-        &mnt,
+        mnt,
         Some("fuse"),
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some(
@@ -77,6 +73,17 @@ fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount 
         ),
     )
     .expect("mount fd=N");
+    fuse
+}
+
+fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    let bucket = dir.path().join("bucket");
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::create_dir(&bucket).unwrap();
+    let fuse = mount_fd(&mnt);
+    let n = fuse.as_raw_fd();
     let mut cmd = Command::new(bin("drainfs"));
     cmd.arg("relay").args(["--grace-period", "5s"]);
     if !relay_args.contains(&"--socket-buffer") {
@@ -522,21 +529,8 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
     std::fs::create_dir(&bucket).unwrap();
     let gcsfuse = dir.path().join("gcsfuse");
     std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
-    let fuse: OwnedFd = nix::fcntl::open(
-        "/dev/fuse",
-        nix::fcntl::OFlag::O_RDWR,
-        nix::sys::stat::Mode::empty(),
-    )
-    .expect("open /dev/fuse (run as root)");
+    let fuse = mount_fd(&mnt);
     let n = fuse.as_raw_fd();
-    nix::mount::mount(
-        Some("relay-test"),
-        &mnt,
-        Some("fuse"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-        Some(format!("fd={n},rootmode=40000,user_id=0,group_id=0,allow_other").as_str()),
-    )
-    .expect("mount fd=N");
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
