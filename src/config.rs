@@ -54,6 +54,9 @@ pub struct RelayOptions {
     /// How long the daemon may take to answer the kernel's INIT.
     #[serde(with = "humantime_serde_shim")]
     pub init_timeout: Duration,
+    /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
+    #[serde(with = "humantime_serde_shim")]
+    pub spin: Duration,
 }
 
 /// Kernel passthrough policy (`--passthrough`).

@@ -953,9 +953,18 @@ impl Runner {
         self.lower = Lower::spawned(pid, exit);
         self.shared.inner.lock().lower_up = true;
         let (tx, rx) = mpsc::unbounded_channel();
-        let relay = match Relay::start(kernel, relay_end, limits, Arc::clone(&acct), move |ev| {
-            let _ = tx.send(ev);
-        }) {
+        let spin = self.cfg.relay.as_ref().map_or(Duration::ZERO, |o| o.spin);
+        let started = Relay::start(
+            kernel,
+            relay_end,
+            limits,
+            spin,
+            Arc::clone(&acct),
+            move |ev| {
+                let _ = tx.send(ev);
+            },
+        );
+        let relay = match started {
             Ok((r, _threads)) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the relay's threads");

@@ -1,15 +1,20 @@
-//! The relay engine: two reader threads moving FUSE messages between the kernel's fd and the
+//! The relay engine: one pump thread moving FUSE messages between the kernel's fd and the
 //! daemon's socket, with the accounting of [`super::inflight`] in between.
 //!
-//! - The **kernel reader** reads one request per `read(2)` from the kernel fd, counts it in the
-//!   shared [`Accounting`] (entering the gate), reads the door, decides under the state mutex
-//!   ([`Inflight::admit`]) whether to forward it, answer it itself (door, daemon gone) or drop
-//!   it, and sends forwarded requests to the socket in the order read.
-//!   It is the only sender on the socket, so the kernel's order (INTERRUPT after its original,
-//!   FORGET after the LOOKUP reply it follows) is kept end to end.
-//! - The **daemon reader** receives one reply per datagram, writes it to the kernel and then
-//!   completes the request. At EOF (or ECONNRESET) it answers every request still in flight
-//!   with EIO, so no caller hangs on a dead daemon.
+//! - **Kernel requests** are read one per `read(2)`, counted in the shared [`Accounting`]
+//!   (entering the gate), checked against the door under the state mutex
+//!   ([`Inflight::admit`]), and then forwarded, answered by the relay (door, daemon gone) or
+//!   dropped. The pump is the only reader of the kernel fd and the only sender on the socket,
+//!   so the kernel's order (INTERRUPT after its original, FORGET after the LOOKUP reply it
+//!   follows) is kept end to end.
+//! - **Daemon messages** are received one per datagram, written to the kernel, and then the
+//!   request completes. At EOF (or ECONNRESET) every request still in flight is answered EIO,
+//!   so no caller hangs on a dead daemon.
+//! - **Waiting**: both fds are non-blocking. After each message the pump keeps polling both
+//!   (yielding the CPU between polls) for the configured spin time, then blocks in `poll(2)`
+//!   on both. While a send to the daemon waits for room, the daemon's replies keep being
+//!   received and written, so a daemon blocked on its replies and the relay never wait on
+//!   each other.
 //!
 //! The kernel fd can be `/dev/fuse` or anything that carries one message per read and write
 //! (the unit tests use a SEQPACKET socketpair in its place, as EdenFS's FakeFuse does).
@@ -20,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, Shutdown};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -109,11 +115,12 @@ pub enum EngineEvent {
 
 type OnEvent = Box<dyn Fn(EngineEvent) + Send + Sync>;
 
-/// A running relay. Shared by its two reader threads and the lifecycle.
+/// A running relay. Shared by its pump thread and the lifecycle.
 pub struct Relay {
     kernel: OwnedFd,
     sock: OwnedFd,
     limits: Limits,
+    spin: Duration,
     acct: Arc<Accounting>,
     state: Mutex<Inflight>,
     init: Mutex<Option<InitCaps>>,
@@ -133,12 +140,33 @@ impl std::fmt::Debug for Relay {
     }
 }
 
-/// The reader threads of a started relay.
+/// The pump thread of a started relay. It ends once both the kernel side and the daemon's
+/// end are gone; while the kernel side lives it answers late requests (EIO once the daemon is
+/// gone), so it may run until the process exits.
 pub struct Threads {
-    /// The kernel→daemon reader (may stay blocked in `read` until the process exits).
-    pub kernel: std::thread::JoinHandle<()>,
-    /// The daemon→kernel reader; it ends at the daemon's EOF.
-    pub daemon: std::thread::JoinHandle<()>,
+    /// The pump.
+    pub pump: std::thread::JoinHandle<()>,
+}
+
+/// The pump's buffers and which of its two fds are still open.
+struct PumpIo {
+    /// One kernel request (the largest the negotiated cap allows).
+    kbuf: Vec<u8>,
+    /// One daemon message.
+    dbuf: Vec<u8>,
+    kernel_open: bool,
+    daemon_open: bool,
+}
+
+/// Daemon messages handled before the pump looks at the kernel fd again.
+const BATCH: usize = 16;
+
+/// Makes `fd` non-blocking (the pump polls both fds itself).
+fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 /// First and last backoff of a send retried on EAGAIN/ENOBUFS.
@@ -148,9 +176,12 @@ const BACKOFF_MAX: Duration = Duration::from_millis(64);
 const SEND_RETRY_BUDGET: Duration = Duration::from_secs(5);
 
 impl Relay {
-    /// Starts the two reader threads over `kernel` (the FUSE connection) and `sock` (the
-    /// relay's end of the socketpair, blocking), counting requests and handles in `acct`.
-    /// `on_event` is called from those threads.
+    /// Starts the pump thread over `kernel` (the FUSE connection, made non-blocking) and
+    /// `sock` (the relay's end of the socketpair), counting requests and handles in `acct`.
+    /// After each message the pump keeps polling both fds without sleeping for `spin` (zero:
+    /// never) before it blocks in `poll(2)`, which saves two thread wake-ups per request
+    /// while requests keep coming, at the price of CPU time. `on_event` is called from the
+    /// pump.
     ///
     /// # Errors
     /// Thread spawn failure.
@@ -158,6 +189,7 @@ impl Relay {
         kernel: OwnedFd,
         sock: OwnedFd,
         limits: Limits,
+        spin: Duration,
         acct: Arc<Accounting>,
         on_event: impl Fn(EngineEvent) + Send + Sync + 'static,
     ) -> std::io::Result<(Arc<Relay>, Threads)> {
@@ -165,6 +197,7 @@ impl Relay {
             kernel,
             sock,
             limits,
+            spin,
             state: Mutex::new(Inflight::new(Arc::clone(&acct))),
             acct,
             init: Mutex::new(None),
@@ -173,15 +206,11 @@ impl Relay {
             kernel_gone: AtomicBool::new(false),
             on_event: Box::new(on_event),
         });
-        let k = Arc::clone(&relay);
-        let kernel = std::thread::Builder::new()
-            .name("relay-kernel".into())
-            .spawn(move || k.kernel_loop())?;
-        let d = Arc::clone(&relay);
-        let daemon = std::thread::Builder::new()
-            .name("relay-daemon".into())
-            .spawn(move || d.daemon_loop())?;
-        Ok((relay, Threads { kernel, daemon }))
+        let r = Arc::clone(&relay);
+        let pump = std::thread::Builder::new()
+            .name("relay-pump".into())
+            .spawn(move || r.pump())?;
+        Ok((relay, Threads { pump }))
     }
 
     /// The limits in use.
@@ -298,6 +327,12 @@ impl Relay {
             match nix::unistd::write(self.kernel.as_fd(), msg) {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => continue,
+                // Only a stand-in for /dev/fuse can be full (a write to /dev/fuse never
+                // blocks): wait until it takes the message.
+                Err(Errno::EAGAIN) => {
+                    let mut fds = [PollFd::new(self.kernel.as_fd(), PollFlags::POLLOUT)];
+                    let _ = poll(&mut fds, PollTimeout::from(100u8));
+                }
                 Err(Errno::ENOENT) => {
                     self.state.lock().counters.kernel_enoent += 1;
                     return Err(Errno::ENOENT);
@@ -307,30 +342,149 @@ impl Relay {
         }
     }
 
-    // ---- kernel → daemon ----
+    // ---- the pump ----
 
-    fn kernel_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; init::read_buffer(self.limits.cap)];
-        loop {
-            let n = match nix::unistd::read(self.kernel.as_fd(), &mut buf) {
-                Ok(0) => {
-                    self.on_kernel_gone(Errno::ENODEV);
-                    return;
-                }
-                Ok(n) => n,
-                Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
-                Err(e @ (Errno::ENODEV | Errno::ECONNABORTED)) => {
-                    self.on_kernel_gone(e);
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "relay: reading the FUSE connection failed");
-                    self.on_kernel_gone(e);
-                    return;
-                }
-            };
-            self.on_request(&mut buf[..n]);
+    fn pump(self: Arc<Self>) {
+        let mut io = PumpIo {
+            kbuf: vec![0u8; init::read_buffer(self.limits.cap)],
+            dbuf: vec![0u8; self.limits.daemon_recv_buffer],
+            kernel_open: true,
+            daemon_open: true,
+        };
+        if let Err(e) = set_nonblocking(&self.kernel) {
+            tracing::error!(error = %e, "relay: cannot make the FUSE connection non-blocking");
+            self.on_kernel_gone(e);
+            io.kernel_open = false;
         }
+        let mut last_activity = Instant::now();
+        while io.kernel_open || io.daemon_open {
+            let mut progressed = false;
+            // Replies first: each one unblocks a caller.
+            for _ in 0..BATCH {
+                if !io.daemon_open || !self.recv_one(&mut io) {
+                    break;
+                }
+                progressed = true;
+            }
+            if io.kernel_open && self.read_one(&mut io) {
+                progressed = true;
+            }
+            if progressed {
+                last_activity = Instant::now();
+                continue;
+            }
+            if !self.spin.is_zero() && last_activity.elapsed() < self.spin {
+                std::thread::yield_now();
+                continue;
+            }
+            self.wait_readable(&io, None);
+            last_activity = Instant::now();
+        }
+    }
+
+    /// Blocks until the kernel fd (while open) or the socket (while open) is readable, or
+    /// `timeout` passes. Returns the socket's poll result (readable, writable).
+    fn wait_readable(&self, io: &PumpIo, timeout: Option<(Duration, bool)>) -> (bool, bool) {
+        let mut fds = Vec::with_capacity(2);
+        if io.daemon_open {
+            let mut ev = PollFlags::POLLIN;
+            if timeout.is_some_and(|(_, want_out)| want_out) {
+                ev |= PollFlags::POLLOUT;
+            }
+            fds.push(PollFd::new(self.sock.as_fd(), ev));
+        }
+        if io.kernel_open && timeout.is_none() {
+            fds.push(PollFd::new(self.kernel.as_fd(), PollFlags::POLLIN));
+        }
+        let t = match timeout {
+            None => PollTimeout::NONE,
+            Some((d, _)) => PollTimeout::try_from(d.as_millis().clamp(1, 60_000) as i32)
+                .unwrap_or(PollTimeout::MAX),
+        };
+        match poll(&mut fds, t) {
+            Ok(_) if io.daemon_open => {
+                let r = fds[0].revents().unwrap_or(PollFlags::empty());
+                (
+                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
+                    r.contains(PollFlags::POLLOUT),
+                )
+            }
+            _ => (false, false),
+        }
+    }
+
+    /// Reads one kernel request if one is ready and handles it. Returns whether one was read.
+    fn read_one(&self, io: &mut PumpIo) -> bool {
+        let n = match nix::unistd::read(self.kernel.as_fd(), &mut io.kbuf) {
+            Ok(0) => {
+                io.kernel_open = false;
+                self.on_kernel_gone(Errno::ENODEV);
+                return false;
+            }
+            Ok(n) => n,
+            Err(Errno::EAGAIN | Errno::EINTR) => return false,
+            // The request was interrupted before it was read: there is nothing to do.
+            Err(Errno::ENOENT) => return true,
+            Err(e @ (Errno::ENODEV | Errno::ECONNABORTED)) => {
+                io.kernel_open = false;
+                self.on_kernel_gone(e);
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "relay: reading the FUSE connection failed");
+                io.kernel_open = false;
+                self.on_kernel_gone(e);
+                return false;
+            }
+        };
+        let mut kbuf = std::mem::take(&mut io.kbuf);
+        self.on_request(&mut kbuf[..n], io);
+        io.kbuf = kbuf;
+        true
+    }
+
+    /// Receives one daemon message if one is ready and handles it. Returns whether one was
+    /// received; at the daemon's EOF (or a socket error) answers everything in flight EIO,
+    /// marks the socket closed and returns false.
+    fn recv_one(&self, io: &mut PumpIo) -> bool {
+        // MSG_TRUNC: the return value is the datagram's real length, so truncation shows.
+        let flags = MsgFlags::MSG_TRUNC | MsgFlags::MSG_DONTWAIT;
+        let reset = match nix::sys::socket::recv(self.sock.as_raw_fd(), &mut io.dbuf, flags) {
+            Ok(0) => false,
+            Ok(n) if n > io.dbuf.len() => {
+                self.state.lock().counters.protocol_errors += 1;
+                tracing::error!(
+                    len = n,
+                    buffer = io.dbuf.len(),
+                    "relay: a daemon message was larger than the receive buffer"
+                );
+                self.answer_malformed(&io.dbuf);
+                return true;
+            }
+            Ok(n) => {
+                self.on_reply(&io.dbuf[..n]);
+                return true;
+            }
+            Err(Errno::EAGAIN | Errno::EINTR) => return false,
+            Err(Errno::ECONNRESET) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "relay: receiving from the daemon failed");
+                true
+            }
+        };
+        io.daemon_open = false;
+        let n = self.fail_all();
+        if self.shut_wr.load(Ordering::SeqCst) && !reset {
+            tracing::info!(answered_eio = n, "relay: the daemon closed its end");
+        } else {
+            tracing::error!(
+                answered_eio = n,
+                reset,
+                "relay: the daemon's end of the socket is gone"
+            );
+        }
+        self.emit(EngineEvent::DaemonEof { reset });
+        false
     }
 
     fn on_kernel_gone(&self, e: Errno) {
@@ -345,7 +499,7 @@ impl Relay {
         self.emit(EngineEvent::KernelGone(e));
     }
 
-    fn on_request(&self, msg: &mut [u8]) {
+    fn on_request(&self, msg: &mut [u8], io: &mut PumpIo) {
         let h = match InHeader::parse(msg) {
             Ok(h) => h,
             Err(e) => {
@@ -386,7 +540,7 @@ impl Relay {
                         tracing::debug!(flags2_cleared = cleared, "relay: masked INIT flags");
                     }
                 }
-                self.forward(&h, msg);
+                self.forward(&h, msg, io);
             }
             Admit::Reply(errno) => {
                 tracing::debug!(
@@ -401,12 +555,12 @@ impl Relay {
         }
     }
 
-    fn forward(&self, h: &InHeader, msg: &[u8]) {
+    fn forward(&self, h: &InHeader, msg: &[u8], io: &mut PumpIo) {
         if msg.len() > self.limits.datagram_limit && h.opcode == Opcode::BatchForget {
             match proto::split_batch_forget(msg, self.limits.datagram_limit) {
                 Some(parts) => {
                     for p in parts {
-                        if self.send(&p).is_err() {
+                        if self.send(&p, io).is_err() {
                             return;
                         }
                     }
@@ -415,7 +569,7 @@ impl Relay {
             }
             return;
         }
-        if let Err(e) = self.send(msg) {
+        if let Err(e) = self.send(msg, io) {
             if e == Errno::EMSGSIZE {
                 tracing::error!(
                     op = h.opcode.name(),
@@ -441,21 +595,33 @@ impl Relay {
         }
     }
 
-    /// One datagram to the daemon; EINTR retried at once, EAGAIN/ENOBUFS with a backoff of
-    /// 1 ms doubling to 64 ms, for at most 5 s.
-    fn send(&self, msg: &[u8]) -> Result<(), Errno> {
+    /// One datagram to the daemon; EINTR retried at once. While the socket is full
+    /// (EAGAIN/ENOBUFS) the daemon's replies keep being received and written to the kernel
+    /// (a daemon blocked on sending its replies then gets room to read again), and the send is
+    /// retried when the socket polls writable or after a backoff of 1 ms doubling to 64 ms, for
+    /// at most 5 s. EPIPE when the daemon's end closes meanwhile.
+    fn send(&self, msg: &[u8], io: &mut PumpIo) -> Result<(), Errno> {
         let mut backoff = BACKOFF_START;
         let started = Instant::now();
         loop {
-            match nix::sys::socket::send(self.sock.as_raw_fd(), msg, MsgFlags::MSG_NOSIGNAL) {
+            let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+            match nix::sys::socket::send(self.sock.as_raw_fd(), msg, flags) {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => continue,
                 Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) => {
                     if started.elapsed() >= SEND_RETRY_BUDGET {
                         return Err(e);
                     }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let (readable, writable) = self.wait_readable(io, Some((backoff, true)));
+                    if readable {
+                        while io.daemon_open && self.recv_one(io) {}
+                        if !io.daemon_open {
+                            return Err(Errno::EPIPE);
+                        }
+                    }
+                    if !writable {
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -463,49 +629,6 @@ impl Relay {
     }
 
     // ---- daemon → kernel ----
-
-    fn daemon_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; self.limits.daemon_recv_buffer];
-        let reset = loop {
-            // MSG_TRUNC: the return value is the datagram's real length, so truncation shows.
-            let n = match nix::sys::socket::recv(
-                self.sock.as_raw_fd(),
-                &mut buf,
-                MsgFlags::MSG_TRUNC,
-            ) {
-                Ok(0) => break false,
-                Ok(n) => n,
-                Err(Errno::EINTR) => continue,
-                Err(Errno::ECONNRESET) => break true,
-                Err(e) => {
-                    tracing::error!(error = %e, "relay: receiving from the daemon failed");
-                    break true;
-                }
-            };
-            if n > buf.len() {
-                self.state.lock().counters.protocol_errors += 1;
-                tracing::error!(
-                    len = n,
-                    buffer = buf.len(),
-                    "relay: a daemon message was larger than the receive buffer"
-                );
-                self.answer_malformed(&buf);
-                continue;
-            }
-            self.on_reply(&buf[..n]);
-        };
-        let n = self.fail_all();
-        if self.shut_wr.load(Ordering::SeqCst) && !reset {
-            tracing::info!(answered_eio = n, "relay: the daemon closed its end");
-        } else {
-            tracing::error!(
-                answered_eio = n,
-                reset,
-                "relay: the daemon's end of the socket is gone"
-            );
-        }
-        self.emit(EngineEvent::DaemonEof { reset });
-    }
 
     fn answer_malformed(&self, msg: &[u8]) {
         if let Some(u) = proto::salvage_unique(msg)

@@ -7,7 +7,7 @@
 //! - [`proto`]: FUSE header and body parsing (pure);
 //! - [`init`]: the message-size cap and the INIT rewrite (pure);
 //! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
-//! - [`engine`]: the two reader threads;
+//! - [`engine`]: the pump thread;
 //! - [`run`]: the fd plumbing, the daemon process and the lifecycle of `drainfs relay`.
 
 pub mod engine;

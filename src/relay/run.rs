@@ -303,12 +303,77 @@ pub fn is_gcsfuse_dropin(arg0: &OsStr) -> bool {
         .is_some_and(|n| n == "gcsfuse")
 }
 
+/// The pump's spin when `--spin auto`: [`spin_for`] of the CPUs this process may use.
+pub fn auto_spin() -> std::time::Duration {
+    let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map(|set| {
+            (0..nix::sched::CpuSet::count())
+                .filter(|&i| set.is_set(i).unwrap_or(false))
+                .count()
+        })
+        .unwrap_or(1);
+    spin_for(cpus, cgroup_cpu_quota())
+}
+
+/// `--spin auto`: 50 µs when at least 2 CPUs are usable (the affinity mask's count `cpus`,
+/// and the cgroup quota `quota` in CPUs when one is set), else zero: spinning under a tighter
+/// CPU limit would take time from the daemon itself (CFS throttling).
+pub fn spin_for(cpus: usize, quota: Option<f64>) -> std::time::Duration {
+    let usable = quota.map_or(cpus as f64, |q| q.min(cpus as f64));
+    if usable >= 2.0 {
+        std::time::Duration::from_micros(50)
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
+/// The tightest cgroup v2 `cpu.max` quota, in CPUs, on the path from this process's cgroup
+/// up to the root of `/sys/fs/cgroup`; `None` when none is set or cgroup v2 is not mounted.
+fn cgroup_cpu_quota() -> Option<f64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mut dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let mut tightest: Option<f64> = None;
+    loop {
+        if let Ok(max) = std::fs::read_to_string(dir.join("cpu.max"))
+            && let Some(q) = parse_cpu_max(&max)
+        {
+            tightest = Some(tightest.map_or(q, |t| t.min(q)));
+        }
+        if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+            return tightest;
+        }
+    }
+}
+
+/// Parses cgroup v2 `cpu.max` (`"QUOTA PERIOD"` in µs, or `"max PERIOD"`) into CPUs.
+pub fn parse_cpu_max(s: &str) -> Option<f64> {
+    let mut it = s.split_whitespace();
+    let quota: f64 = it.next()?.parse().ok()?;
+    let period: f64 = it.next()?.parse().ok()?;
+    (period > 0.0).then_some(quota / period)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn spin_follows_the_usable_cpus() {
+        use std::time::Duration;
+        let on = Duration::from_micros(50);
+        assert_eq!(spin_for(2, None), on);
+        assert_eq!(spin_for(8, Some(2.0)), on);
+        assert_eq!(spin_for(1, None), Duration::ZERO);
+        assert_eq!(spin_for(8, Some(1.5)), Duration::ZERO);
+        assert_eq!(spin_for(1, Some(4.0)), Duration::ZERO);
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cpu_max("250000 100000\n"), Some(2.5));
+        assert_eq!(parse_cpu_max("garbage"), None);
     }
 
     #[test]

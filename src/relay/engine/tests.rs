@@ -14,6 +14,8 @@ use crate::relay::proto::tests::{reply, request};
 use crate::relay::proto::{put_u16, put_u32, u16_at, u32_at};
 
 const T: Duration = Duration::from_secs(5);
+/// The pump's spin in these tests.
+const SPIN: Duration = Duration::from_micros(50);
 
 struct Harness {
     kernel: OwnedFd,
@@ -37,9 +39,16 @@ fn start_with(limits: Limits) -> Harness {
     let (d_relay, d_test) = pair();
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
-    let (relay, _threads) = Relay::start(k_relay, d_relay, limits, Accounting::new(), move |ev| {
-        let _ = tx.lock().unwrap().send(ev);
-    })
+    let (relay, _threads) = Relay::start(
+        k_relay,
+        d_relay,
+        limits,
+        SPIN,
+        Accounting::new(),
+        move |ev| {
+            let _ = tx.lock().unwrap().send(ev);
+        },
+    )
     .unwrap();
     Harness {
         kernel: k_test,
@@ -406,6 +415,7 @@ fn emsgsize_is_answered_eio() {
         k_relay,
         d_relay,
         Limits::from_sndbufs(1 << 20, 1 << 20, init::MAX_CAP),
+        SPIN,
         Accounting::new(),
         |_| {},
     )
@@ -415,4 +425,39 @@ fn emsgsize_is_answered_eio() {
     assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
     assert_eq!(relay.counters().answered_send_failed, 1);
     assert_eq!(recv_within(&d_test, Duration::from_millis(50)), None);
+}
+
+#[test]
+fn replies_keep_flowing_while_the_daemon_does_not_read() {
+    // The daemon stops reading requests (its receive queue fills and the relay's send waits)
+    // but keeps replying: the replies must still reach the kernel, or a daemon that blocks on
+    // its own replies and the relay waiting to send would wait on each other.
+    let h = start();
+    let kernel = h.kernel.try_clone().unwrap();
+    let uniques: Vec<u64> = (1..=12).map(|i| 2 * i).collect();
+    let to_send = uniques.clone();
+    let sender = std::thread::spawn(move || {
+        for u in to_send {
+            send(&kernel, &request(16, u, 5, &vec![7u8; 64 * 1024]));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for &u in &uniques {
+        send(h.d(), &reply(u, -libc::EIO, &[]));
+    }
+    let mut answered: Vec<u64> = (0..uniques.len())
+        .map(|_| {
+            let r = recv_within(&h.kernel, Duration::from_secs(1))
+                .expect("a reply was held back while the relay waited to send");
+            unique_of(&r)
+        })
+        .collect();
+    answered.sort_unstable();
+    assert_eq!(answered, uniques);
+    // Now the daemon reads: every request arrives, in the kernel's order.
+    let seen: Vec<u64> = (0..uniques.len())
+        .map(|_| unique_of(&recv(h.d())))
+        .collect();
+    assert_eq!(seen, uniques);
+    sender.join().unwrap();
 }
