@@ -276,6 +276,13 @@ pub struct RelayOptArgs {
     /// and its cgroup's cpu.max quota), else 0s.
     #[arg(long, env = "DRAINFS_SPIN", value_parser = parse_spin, default_value = "auto", help_heading = HEADING_RELAY)]
     pub spin: SpinArg,
+
+    /// Exit statuses that count as a clean stop when the daemon exits by itself after the
+    /// relay's end-of-stream, with nothing outstanding (comma-separated). libfuse daemons exit
+    /// 1 there: libfuse reads any end of its connection other than an unmount (ENODEV) as an
+    /// error ("short read on fuse device"). Any other status, or a signal, is exit 69.
+    #[arg(long, env = "DRAINFS_EOF_EXIT_CODES", value_delimiter = ',', default_value = "0,1", value_parser = clap::value_parser!(i32).range(0..=255), help_heading = HEADING_RELAY)]
+    pub eof_exit_codes: Vec<i32>,
 }
 
 /// `--spin`: a duration or `auto`.
@@ -309,6 +316,7 @@ impl RelayOptArgs {
             socket_buffer: self.socket_buffer,
             max_message: self.max_message,
             init_timeout: self.init_timeout,
+            eof_exit_codes: self.eof_exit_codes,
             spin: match self.spin {
                 SpinArg::Auto => crate::relay::run::auto_spin(),
                 SpinArg::Fixed(d) => d,

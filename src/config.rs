@@ -54,6 +54,8 @@ pub struct RelayOptions {
     /// How long the daemon may take to answer the kernel's INIT.
     #[serde(with = "humantime_serde_shim")]
     pub init_timeout: Duration,
+    /// Daemon exit statuses that count as a clean stop after the relay's end-of-stream.
+    pub eof_exit_codes: Vec<i32>,
     /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
     #[serde(with = "humantime_serde_shim")]
     pub spin: Duration,

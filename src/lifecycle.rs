@@ -1403,6 +1403,25 @@ impl Runner {
                 (Some(_), _) if !self.lower.spawned => LowerStop::Clean,
                 (Some(s), Some(sig)) if clean_stop(s, sig) => LowerStop::Clean,
                 (Some(WaitStatus::Exited(_, 0)), None) => LowerStop::Clean,
+                // A relay's daemon after the end-of-stream: see `--eof-exit-codes`.
+                (Some(WaitStatus::Exited(_, code)), None)
+                    if self.machine.forced().is_none()
+                        && self
+                            .cfg
+                            .relay
+                            .as_ref()
+                            .is_some_and(|o| o.eof_exit_codes.contains(code)) =>
+                {
+                    tracing::warn!(
+                        pid,
+                        code,
+                        "the daemon exited {code} at the relay's end-of-stream; counted as a clean stop (--eof-exit-codes; libfuse daemons exit 1 there)"
+                    );
+                    self.notes.push(format!(
+                        "the daemon exited {code} at the relay's end-of-stream (accepted by --eof-exit-codes)"
+                    ));
+                    LowerStop::Clean
+                }
                 _ => LowerStop::Unclean,
             }
         });

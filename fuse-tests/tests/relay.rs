@@ -582,11 +582,36 @@ fn overlay_stop_is_fast_and_keeps_data() {
     assert!(!e.sigkill_sent, "{e}");
     assert!(e.ms_after_sigterm.unwrap() < 500, "{e}");
     // libfuse reads the relay's end-of-stream as a "short read on fuse device" (EIO) and exits
-    // 1 (lib/fuse_lowlevel.c), which the relay reports as the daemon failing (69). A signal or
-    // any other code is a relay bug.
-    assert!(matches!(e.code, Some(0 | 69)), "{e}");
+    // 1 (lib/fuse_lowlevel.c); the default --eof-exit-codes 0,1 counts that as a clean stop.
+    assert_eq!(e.code, Some(0), "{e}");
+    let summary = read_summary(&s);
+    assert_eq!(summary["lower_exit"], "exit 1", "{summary:#}");
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
     assert!(fs::read(s.store.join("o.bin")).unwrap() == data);
     s.assert_nothing_left();
+}
+
+#[test]
+fn strict_eof_exit_codes_report_a_libfuse_daemon_as_failed() {
+    // With only 0 accepted, the same stop of the same daemon is exit 69: the daemon's own
+    // status decides, it is not assumed.
+    let mut s = Sidecar::start(
+        Daemon::Overlay,
+        Via::Relay(vec!["--eof-exit-codes".into(), "0".into()]),
+    );
+    write_file(&s.path("o.bin"), b"strict").unwrap();
+    wait_idle(&s, Duration::from_secs(5));
+    let e = s.stop(Duration::from_secs(15));
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.code, Some(69), "{e}");
+    let summary = read_summary(&s);
+    assert_eq!(summary["lower_exit"], "exit 1", "{summary:#}");
+    assert_eq!(fs::read(s.store.join("o.bin")).unwrap(), b"strict");
+    s.assert_nothing_left();
+}
+
+fn read_summary(s: &Sidecar) -> serde_json::Value {
+    serde_json::from_str(&fs::read_to_string(&s.summary).unwrap()).unwrap()
 }
 
 #[test]
