@@ -262,9 +262,14 @@ impl Shared {
             drain_seconds: i.drain_duration.map(|d| d.as_secs_f64()),
         };
         drop(i);
+        let relay = self.relay.lock().clone();
         Snapshot {
-            open_paths: fs.map(|f| f.open_paths(50)).unwrap_or_default(),
-            relay: self.relay_status(),
+            open_paths: match (&fs, &relay) {
+                (Some(f), _) => f.open_paths(50),
+                (None, Some(r)) => r.open_paths(50),
+                (None, None) => Vec::new(),
+            },
+            relay: relay.map(|r| r.status()),
             ..snap
         }
     }
@@ -436,6 +441,32 @@ pub fn clean_stop(st: &WaitStatus, sent: Signal) -> bool {
     }
 }
 
+/// How long, after the daemon's process has exited, the relay's pump may take to read the
+/// rest of the daemon's replies and its end-of-stream.
+const RELAY_SETTLE: Duration = Duration::from_secs(1);
+
+/// Once the daemon's process has exited: waits (at most [`RELAY_SETTLE`]) until the pump has
+/// read the daemon's last replies and its end-of-stream, then answers EIO to whatever is
+/// still in flight (nothing, unless a process the daemon left behind holds its socket), so
+/// that no request outlives drainfs without an answer (the kernel would fail it with
+/// ECONNABORTED when drainfs's fd closes).
+async fn settle_relay(r: &mut RelayPath) {
+    let until = tokio::time::Instant::now() + RELAY_SETTLE;
+    while !r.relay.daemon_gone() {
+        match tokio::time::timeout_at(until, r.events.recv()).await {
+            Ok(Some(_)) => continue,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let n = r.relay.fail_all();
+    if n > 0 {
+        tracing::warn!(
+            answered_eio = n,
+            "relay: requests still in flight after the daemon exited were answered EIO"
+        );
+    }
+}
+
 /// After a clean drain, how long the lower may take to exit on its stop signal before drainfs
 /// ends its (busy) FUSE connection.
 const LOWER_BUSY_AFTER: Duration = Duration::from_millis(500);
@@ -512,18 +543,18 @@ impl DataPath {
     }
 
     fn open_paths(&self, max: usize) -> Vec<String> {
-        match self {
-            DataPath::Mount(m) => m.core.open_paths(max).into_iter().map(|(p, _)| p).collect(),
-            DataPath::Relay(_) => Vec::new(),
-        }
+        let paths = match self {
+            DataPath::Mount(m) => m.core.open_paths(max),
+            DataPath::Relay(r) => r.relay.open_paths(max),
+        };
+        paths.into_iter().map(|(p, _)| p).collect()
     }
 
-    /// Opens and creates admitted and still in flight (mount only: the relay sees nodeids,
-    /// not paths).
+    /// Opens and creates admitted and still in flight.
     fn admitted_paths(&self, max: usize) -> Vec<String> {
         match self {
             DataPath::Mount(m) => m.core.admitted_paths(max),
-            DataPath::Relay(_) => Vec::new(),
+            DataPath::Relay(r) => r.relay.admitted_paths(max),
         }
     }
 
@@ -1440,12 +1471,13 @@ impl Runner {
                 self.teardown_mount(ending, m.core, m.session_done, m.own_connection)
                     .await
             }
-            DataPath::Relay(r) => {
+            DataPath::Relay(mut r) => {
                 let why = match ending {
                     Ending::Drained => "drained",
                     Ending::Forced(r) => r.name(),
                 };
                 self.stop_relay(&r, why).await;
+                settle_relay(&mut r).await;
                 drain_exit_code(self)
             }
         }

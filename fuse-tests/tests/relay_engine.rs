@@ -218,7 +218,8 @@ fn daemon_killed_mid_flush_fails_the_request_with_eio_at_once() {
     assert_eq!(
         r.as_ref().map_err(|e| e.raw_os_error()),
         Err(Some(libc::EIO)),
-        "{r:?}"
+        "{r:?} {}",
+        m.drainfs.stderr_text()
     );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     let st = m.wait_exit(Duration::from_secs(4));
@@ -232,7 +233,9 @@ fn daemon_killed_mid_flush_fails_the_request_with_eio_at_once() {
         s["relay"]["counts"]["answered_daemon_gone"]
             .as_u64()
             .unwrap()
-            >= 1
+            >= 1,
+        "{s:#} {}",
+        m.drainfs.stderr_text()
     );
 }
 
@@ -497,7 +500,8 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
 #[test]
 fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     let mut m = start(&[], &["--upload-delay", "3s"], true);
-    let p = m.mnt().join("slow.txt");
+    std::fs::create_dir(m.mnt().join("dir")).unwrap();
+    let p = m.mnt().join("dir/slow.txt");
     let app = std::thread::spawn(move || write_file(&p, b"slow"));
     std::thread::sleep(Duration::from_millis(400));
     m.drainfs.signal(Signal::SIGTERM);
@@ -513,6 +517,12 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     assert_eq!(s["forced"], "second_signal", "{s:#}");
     assert_eq!(s["outstanding_at_force"]["in_flight"], 1, "{s:#}");
     assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
+    // The relay names the file whose close was cut short, from the names it relayed.
+    assert_eq!(
+        s["open_paths"],
+        serde_json::json!(["dir/slow.txt"]),
+        "{s:#}"
+    );
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     let _ = app.join();
 }

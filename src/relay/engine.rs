@@ -92,6 +92,9 @@ pub struct RelayStatus {
     pub kernel_gone: bool,
     /// The daemon's end of the socket is gone.
     pub daemon_gone: bool,
+    /// Nodeids whose name the relay knows (for naming open files; bounded by the kernel's
+    /// lookup counts).
+    pub known_nodeids: usize,
     /// Counters.
     pub counts: Counters,
 }
@@ -241,6 +244,7 @@ impl Relay {
             awaiting_daemon: s.in_flight(),
             kernel_gone: self.kernel_gone(),
             daemon_gone: s.is_daemon_gone(),
+            known_nodeids: s.known_names(),
             counts: s.counters.clone(),
         }
     }
@@ -248,6 +252,17 @@ impl Relay {
     /// Requests the relay has forwarded and awaits the daemon's reply for.
     pub fn in_flight(&self) -> usize {
         self.state.lock().in_flight()
+    }
+
+    /// Paths of the open handles (files open for writing first), at most `cap`; a path
+    /// the relay has not seen whole shows the nodeid where it stops (`<nodeid N>/name`).
+    pub fn open_paths(&self, cap: usize) -> Vec<(String, crate::accounting::HandleMode)> {
+        self.state.lock().open_paths(cap)
+    }
+
+    /// Paths of the OPEN/CREATE requests awaiting the daemon's reply, at most `cap`.
+    pub fn admitted_paths(&self, cap: usize) -> Vec<String> {
+        self.state.lock().admitted_paths(cap)
     }
 
     /// Counters so far.
@@ -289,13 +304,18 @@ impl Relay {
     /// end had reached EOF (for a daemon that exited while something else still holds its
     /// socket end). Returns how many requests were answered.
     pub fn fail_all(&self) -> usize {
-        let gone = self.state.lock().daemon_gone();
+        // Counted before the answers are written: whoever sees an answer sees it counted.
+        let gone = {
+            let mut s = self.state.lock();
+            let gone = s.daemon_gone();
+            s.counters.answered_daemon_gone += gone.len() as u64;
+            gone
+        };
         let n = gone.len();
         for (unique, mut p) in gone {
             let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
             p.fail();
         }
-        self.state.lock().counters.answered_daemon_gone += n as u64;
         n
     }
 

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::proto::{self, InHeader, Opcode};
+use super::names::Names;
+use super::proto::{self, InHeader, NameOp, Opcode};
 use crate::accounting::{Accounting, HandleGuard, HandleMode, Op, OwnedOpGuard};
 
 /// The accounting's operation for a FUSE opcode: BATCH_FORGET counts as `forget`, RENAME2 as
@@ -81,6 +82,10 @@ pub struct Pending {
     pub opcode: Opcode,
     /// For OPEN/CREATE/TMPFILE/OPENDIR: the kind of handle a successful reply creates.
     pub opens: Option<HandleMode>,
+    /// The request's nodeid.
+    nodeid: u64,
+    /// What a successful reply does to names.
+    names: Option<NameOp>,
     /// Counts the request in the accounting until dropped.
     guard: OwnedOpGuard,
 }
@@ -138,9 +143,11 @@ pub struct Counters {
 pub struct Inflight {
     acct: Arc<Accounting>,
     pending: HashMap<u64, Pending>,
-    /// (mode, fh) -> one guard per open that returned that fh (daemons such as libfuse's
-    /// examples return fh 0 for every open).
-    handles: HashMap<(HandleMode, u64), Vec<HandleGuard>>,
+    /// (mode, fh) -> one guard and nodeid per open that returned that fh (daemons such as
+    /// libfuse's examples return fh 0 for every open).
+    handles: HashMap<(HandleMode, u64), Vec<(HandleGuard, u64)>>,
+    /// Paths of the nodeids the kernel knows, for naming open files.
+    names: Names,
     stopping: bool,
     daemon_gone: bool,
     /// Counters.
@@ -154,6 +161,7 @@ impl Inflight {
             acct,
             pending: HashMap::new(),
             handles: HashMap::new(),
+            names: Names::default(),
             stopping: false,
             daemon_gone: false,
             counters: Counters::default(),
@@ -171,8 +179,24 @@ impl Inflight {
         mut guard: OwnedOpGuard,
         door_open: bool,
     ) -> Admit {
-        if matches!(h.opcode, Opcode::Release | Opcode::Releasedir) {
-            self.remove_handle(h.opcode, body);
+        match h.opcode {
+            Opcode::Release | Opcode::Releasedir => self.remove_handle(h.opcode, body),
+            // fuse_forget_in: nlookup.
+            Opcode::Forget => {
+                if let Some(n) = proto::u64_at(body, 0) {
+                    self.names.forget(h.nodeid, n);
+                }
+            }
+            // fuse_batch_forget_in (count, dummy), then fuse_forget_one (nodeid, nlookup).
+            Opcode::BatchForget => {
+                let count = proto::u32_at(body, 0).unwrap_or(0) as usize;
+                for one in body.get(8..).unwrap_or(&[]).chunks_exact(16).take(count) {
+                    if let (Some(id), Some(n)) = (proto::u64_at(one, 0), proto::u64_at(one, 8)) {
+                        self.names.forget(id, n);
+                    }
+                }
+            }
+            _ => {}
         }
         if !h.opcode.expects_reply() {
             if self.daemon_gone || self.stopping {
@@ -211,6 +235,8 @@ impl Inflight {
             Pending {
                 opcode: h.opcode,
                 opens,
+                nodeid: h.nodeid,
+                names: proto::name_op(h.opcode, h.nodeid, body),
                 guard,
             },
         );
@@ -253,13 +279,74 @@ impl Inflight {
         };
         if error != 0 {
             p.fail();
-        } else if let Some(mode) = p.opens
+            return Some(p.opcode);
+        }
+        let mut nodeid = p.nodeid;
+        match &p.names {
+            Some(NameOp::Entry { parent, name }) => {
+                if let Some(id) = proto::entry_nodeid(body) {
+                    self.names.entry(*parent, name, id);
+                    nodeid = id;
+                }
+            }
+            Some(NameOp::Unlink { parent, name }) => self.names.unlink(*parent, name),
+            Some(NameOp::Rename {
+                olddir,
+                old,
+                newdir,
+                new,
+                exchange,
+            }) => self.names.rename(*olddir, old, *newdir, new, *exchange),
+            Some(NameOp::Readdirplus { parent }) => {
+                for (id, name) in proto::direntplus_entries(body) {
+                    self.names.entry(*parent, name, id);
+                }
+            }
+            None => {}
+        }
+        if let Some(mode) = p.opens
             && let Some(fh) = proto::reply_fh(p.opcode, body)
         {
             let g = self.acct.handle(mode);
-            self.handles.entry((mode, fh)).or_default().push(g);
+            self.handles
+                .entry((mode, fh))
+                .or_default()
+                .push((g, nodeid));
         }
         Some(p.opcode)
+    }
+
+    /// Paths of the open handles (files open for writing first), at most `cap`, for
+    /// `/status` and the shutdown summary.
+    pub fn open_paths(&self, cap: usize) -> Vec<(String, HandleMode)> {
+        let mut v: Vec<(HandleMode, u64)> = self
+            .handles
+            .iter()
+            .flat_map(|((mode, _), hs)| hs.iter().map(move |(_, id)| (*mode, *id)))
+            .collect();
+        v.sort_by_key(|(mode, id)| (*mode != HandleMode::Write, *id));
+        v.into_iter()
+            .take(cap)
+            .map(|(mode, id)| (self.names.path(id), mode))
+            .collect()
+    }
+
+    /// Paths of the OPEN/CREATE requests awaiting the daemon's reply, at most `cap`.
+    pub fn admitted_paths(&self, cap: usize) -> Vec<String> {
+        self.pending
+            .values()
+            .filter(|p| p.opens.is_some())
+            .take(cap)
+            .map(|p| match &p.names {
+                Some(NameOp::Entry { parent, name }) => self.names.child_path(*parent, name),
+                _ => self.names.path(p.nodeid),
+            })
+            .collect()
+    }
+
+    /// Nodeids whose path is known.
+    pub fn known_names(&self) -> usize {
+        self.names.len()
     }
 
     /// Marks a request finished (its reply was written to the kernel, or it was answered by

@@ -7,11 +7,13 @@
 //! - [`proto`]: FUSE header and body parsing (pure);
 //! - [`init`]: the message-size cap and the INIT rewrite (pure);
 //! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
+//! - [`names`]: paths of nodeids, for naming open files (pure state);
 //! - [`engine`]: the pump thread;
 //! - [`run`]: the fd plumbing, the daemon process and the lifecycle of `drainfs relay`.
 
 pub mod engine;
 pub mod inflight;
 pub mod init;
+pub mod names;
 pub mod proto;
 pub mod run;

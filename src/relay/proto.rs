@@ -474,6 +474,127 @@ pub fn release_fh(body: &[u8]) -> Option<u64> {
     u64_at(body, 0)
 }
 
+/// What a request does to names, parsed from its body (nodeids are the kernel's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameOp {
+    /// LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK: a successful reply's `fuse_entry_out`
+    /// gives the nodeid of `name` in `parent`.
+    Entry {
+        /// The directory (the request's nodeid).
+        parent: u64,
+        /// The entry's name.
+        name: Box<[u8]>,
+    },
+    /// UNLINK, RMDIR of `name` in `parent`.
+    Unlink {
+        /// The directory.
+        parent: u64,
+        /// The name removed.
+        name: Box<[u8]>,
+    },
+    /// RENAME, RENAME2.
+    Rename {
+        /// The source directory (the request's nodeid).
+        olddir: u64,
+        /// The source name.
+        old: Box<[u8]>,
+        /// The target directory.
+        newdir: u64,
+        /// The target name.
+        new: Box<[u8]>,
+        /// `RENAME_EXCHANGE`: the names swap.
+        exchange: bool,
+    },
+    /// READDIRPLUS of the directory `parent`: each entry of a successful reply with a
+    /// nonzero nodeid is a lookup.
+    Readdirplus {
+        /// The directory.
+        parent: u64,
+    },
+}
+
+/// The NUL-terminated string at the start of `b` (without the NUL); `None` without a NUL.
+fn cstr(b: &[u8]) -> Option<&[u8]> {
+    b.iter().position(|&c| c == 0).map(|i| &b[..i])
+}
+
+/// `RENAME_EXCHANGE` from `<linux/fs.h>`.
+const RENAME_EXCHANGE: u32 = 2;
+
+/// The [`NameOp`] of a kernel request (`None` for other opcodes or a malformed body). Body
+/// layouts from `<linux/fuse.h>` (protocol 7.12 and later): `fuse_create_in` and
+/// `fuse_mknod_in` are 16 bytes, `fuse_mkdir_in` 8, `fuse_link_in` 8 (the old nodeid),
+/// `fuse_rename_in` 8 and `fuse_rename2_in` 16 (newdir first); the name(s) follow, each
+/// NUL-terminated (SYMLINK: the entry's name, then the link's target).
+pub fn name_op(opcode: Opcode, nodeid: u64, body: &[u8]) -> Option<NameOp> {
+    let entry = |skip: usize| {
+        Some(NameOp::Entry {
+            parent: nodeid,
+            name: cstr(body.get(skip..)?)?.into(),
+        })
+    };
+    match opcode {
+        Opcode::Lookup | Opcode::Symlink => entry(0),
+        Opcode::Mkdir | Opcode::Link => entry(8),
+        Opcode::Create | Opcode::Mknod => entry(16),
+        Opcode::Unlink | Opcode::Rmdir => Some(NameOp::Unlink {
+            parent: nodeid,
+            name: cstr(body)?.into(),
+        }),
+        Opcode::Rename | Opcode::Rename2 => {
+            let (skip, flags) = if opcode == Opcode::Rename {
+                (8, 0)
+            } else {
+                (16, u32_at(body, 8)?)
+            };
+            let old = cstr(body.get(skip..)?)?;
+            let new = cstr(body.get(skip + old.len() + 1..)?)?;
+            Some(NameOp::Rename {
+                olddir: nodeid,
+                old: old.into(),
+                newdir: u64_at(body, 0)?,
+                new: new.into(),
+                exchange: flags & RENAME_EXCHANGE != 0,
+            })
+        }
+        Opcode::Readdirplus => Some(NameOp::Readdirplus { parent: nodeid }),
+        _ => None,
+    }
+}
+
+/// The nodeid of a successful entry reply body (`fuse_entry_out.nodeid`, first; CREATE's
+/// body starts with it too).
+pub fn entry_nodeid(body: &[u8]) -> Option<u64> {
+    u64_at(body, 0)
+}
+
+/// `FUSE_NAME_OFFSET_DIRENTPLUS`: `fuse_entry_out` then `fuse_dirent`'s fixed part
+/// (ino, off, namelen, type).
+const DIRENTPLUS_NAME_OFFSET: usize = ENTRY_OUT_LEN + 24;
+
+/// The (nodeid, name) pairs of a READDIRPLUS reply body (`fuse_direntplus` records, each
+/// padded to 8 bytes), without `.`, `..` and nodeid 0, which the kernel does not count as
+/// lookups (`fuse_direntplus_link`). Stops at the first malformed record.
+pub fn direntplus_entries(body: &[u8]) -> Vec<(u64, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while let Some(rec) = body.get(off..) {
+        let (Some(nodeid), Some(namelen)) = (u64_at(rec, 0), u32_at(rec, ENTRY_OUT_LEN + 16))
+        else {
+            break;
+        };
+        let end = DIRENTPLUS_NAME_OFFSET + namelen as usize;
+        let Some(name) = rec.get(DIRENTPLUS_NAME_OFFSET..end) else {
+            break;
+        };
+        if nodeid != 0 && name != b"." && name != b".." {
+            out.push((nodeid, name));
+        }
+        off += end.div_ceil(8) * 8;
+    }
+    out
+}
+
 /// Splits a BATCH_FORGET request that exceeds `limit` bytes into several that each fit.
 /// Forgets have no reply and no ordering among themselves, so splitting is safe. Returns the
 /// message unchanged (one element) when it fits; `None` when it is malformed (a count larger
@@ -628,6 +749,77 @@ pub(crate) mod tests {
         assert!(is_write_intent(libc::O_WRONLY as u32));
         assert!(is_write_intent((libc::O_RDWR | libc::O_CREAT) as u32));
         assert!(!is_write_intent(libc::O_RDONLY as u32));
+    }
+
+    #[test]
+    fn name_ops_parse_each_layout() {
+        let n = |s: &str| -> Box<[u8]> { s.as_bytes().into() };
+        assert_eq!(
+            name_op(Opcode::Lookup, 1, b"a\0"),
+            Some(NameOp::Entry {
+                parent: 1,
+                name: n("a")
+            })
+        );
+        let mut create = vec![0u8; 16];
+        create.extend_from_slice(b"new.txt\0");
+        assert_eq!(
+            name_op(Opcode::Create, 7, &create),
+            Some(NameOp::Entry {
+                parent: 7,
+                name: n("new.txt")
+            })
+        );
+        assert_eq!(
+            name_op(Opcode::Symlink, 7, b"ln\0target\0"),
+            Some(NameOp::Entry {
+                parent: 7,
+                name: n("ln")
+            })
+        );
+        let mut rename2 = 9u64.to_le_bytes().to_vec();
+        rename2.extend_from_slice(&RENAME_EXCHANGE.to_le_bytes());
+        rename2.extend_from_slice(&[0; 4]);
+        rename2.extend_from_slice(b"a\0bb\0");
+        assert_eq!(
+            name_op(Opcode::Rename2, 3, &rename2),
+            Some(NameOp::Rename {
+                olddir: 3,
+                old: n("a"),
+                newdir: 9,
+                new: n("bb"),
+                exchange: true
+            })
+        );
+        // Truncated bodies and names without their NUL are not names.
+        assert_eq!(name_op(Opcode::Lookup, 1, b"a"), None);
+        assert_eq!(name_op(Opcode::Create, 1, &[0u8; 10]), None);
+        assert_eq!(name_op(Opcode::Rename, 1, &9u64.to_le_bytes()), None);
+        assert_eq!(name_op(Opcode::Read, 1, b"a\0"), None);
+    }
+
+    #[test]
+    fn direntplus_records() {
+        let rec = |nodeid: u64, name: &[u8]| {
+            let mut r = vec![0u8; DIRENTPLUS_NAME_OFFSET];
+            r[..8].copy_from_slice(&nodeid.to_le_bytes());
+            r[ENTRY_OUT_LEN + 16..ENTRY_OUT_LEN + 20]
+                .copy_from_slice(&(name.len() as u32).to_le_bytes());
+            r.extend_from_slice(name);
+            r.resize(r.len().div_ceil(8) * 8, 0);
+            r
+        };
+        let mut body = rec(1, b".");
+        body.extend(rec(5, b"file-one"));
+        body.extend(rec(0, b"unlooked"));
+        body.extend(rec(6, b"x"));
+        let mut short = rec(7, b"cut");
+        short.truncate(DIRENTPLUS_NAME_OFFSET + 1);
+        body.extend(short);
+        assert_eq!(
+            direntplus_entries(&body),
+            vec![(5, &b"file-one"[..]), (6, &b"x"[..])]
+        );
     }
 
     #[test]

@@ -461,3 +461,43 @@ fn replies_keep_flowing_while_the_daemon_does_not_read() {
     assert_eq!(seen, uniques);
     sender.join().unwrap();
 }
+
+#[test]
+fn open_files_are_named_from_the_names_relayed() {
+    let h = start();
+    let entry = |nodeid: u64| {
+        let mut b = vec![0u8; proto::ENTRY_OUT_LEN];
+        b[..8].copy_from_slice(&nodeid.to_le_bytes());
+        b
+    };
+    // LOOKUP "dir" in the root -> 5; LOOKUP "f" in 5 -> 9; OPEN 9 for writing -> fh 3.
+    send(&h.kernel, &request(1, 2, 1, b"dir\0"));
+    send(h.d(), &reply(unique_of(&recv(h.d())), 0, &entry(5)));
+    recv(&h.kernel);
+    send(&h.kernel, &request(1, 4, 5, b"f\0"));
+    send(h.d(), &reply(unique_of(&recv(h.d())), 0, &entry(9)));
+    recv(&h.kernel);
+    let mut open_in = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
+    open_in.extend_from_slice(&[0; 4]);
+    send(&h.kernel, &request(14, 6, 9, &open_in));
+    let mut open_out = 3u64.to_le_bytes().to_vec();
+    open_out.extend_from_slice(&[0; 8]);
+    send(h.d(), &reply(unique_of(&recv(h.d())), 0, &open_out));
+    recv(&h.kernel);
+    // A CREATE of "new" in 5 awaits its reply.
+    let mut create_in = vec![0u8; 16];
+    create_in[..4].copy_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
+    create_in.extend_from_slice(b"new\0");
+    send(&h.kernel, &request(35, 8, 5, &create_in));
+    recv(h.d());
+    h.wait_outstanding(|o| o.in_flight == 1);
+    assert_eq!(
+        h.relay.open_paths(10),
+        vec![("dir/f".to_string(), crate::accounting::HandleMode::Write)]
+    );
+    assert_eq!(h.relay.admitted_paths(10), vec!["dir/new".to_string()]);
+    // FORGET of both lookups of 5: its children show where the path breaks.
+    send(&h.kernel, &request(2, 10, 5, &1u64.to_le_bytes()));
+    recv(h.d());
+    assert_eq!(h.relay.open_paths(10)[0].0, "<nodeid 5>/f");
+}
