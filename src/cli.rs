@@ -40,7 +40,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Relay an already-mounted FUSE connection (the one `/dev/fd/N` argument of COMMAND, as
     /// the GKE CSI driver passes it) to COMMAND over a socketpair given to it as `/dev/fd/3`;
-    /// on a trigger, drain, stop COMMAND by closing its socket, and exit with its status.
+    /// on a trigger, drain, stop COMMAND by closing its socket, and exit with the outcome (0
+    /// clean, 69 COMMAND failed or died, 75 forced with work outstanding; a COMMAND killed by a
+    /// signal ends drainfs by the same signal).
     Relay(Box<RelayArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {

@@ -316,7 +316,8 @@ pub enum Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ending {
-    /// Nothing in flight and every handle released, with the door closed.
+    /// Drained ([`Outstanding::is_drained`]: nothing in flight, no file open for writing, no
+    /// lower flush pending), with the door closed.
     Drained,
     /// Forced, for this reason.
     Forced(Forced),

@@ -1194,7 +1194,7 @@ impl Runner {
                             .and_then(|(t0, _)| drained_at.map(|d| d - t0));
                         tracing::info!(
                             after_ms = self.timings.drained_ms,
-                            "drained: nothing in flight, every handle released"
+                            "drained: nothing in flight, no file open for writing, no lower flush pending"
                         );
                     }
                     return ending;

@@ -339,10 +339,19 @@ impl Relay {
         (self.on_event)(ev);
     }
 
-    /// Writes one message to the kernel. ENOENT (the request is gone) is counted; ENODEV and
-    /// friends mean the kernel side is gone, which the kernel reader reports. Returns the
-    /// errno on failure.
+    /// Writes one reply to the kernel, counting ENOENT (the kernel no longer wants it: the
+    /// request was interrupted or aborted). Returns the errno on failure.
     fn write_kernel(&self, msg: &[u8]) -> Result<(), Errno> {
+        let r = self.write_raw(msg);
+        if r == Err(Errno::ENOENT) {
+            self.state.lock().counters.kernel_enoent += 1;
+        }
+        r
+    }
+
+    /// Writes one message to the kernel. ENODEV and friends mean the kernel side is gone,
+    /// which the pump's next read reports. Returns the errno on failure.
+    fn write_raw(&self, msg: &[u8]) -> Result<(), Errno> {
         loop {
             match nix::unistd::write(self.kernel.as_fd(), msg) {
                 Ok(_) => return Ok(()),
@@ -352,10 +361,6 @@ impl Relay {
                 Err(Errno::EAGAIN) => {
                     let mut fds = [PollFd::new(self.kernel.as_fd(), PollFlags::POLLOUT)];
                     let _ = poll(&mut fds, PollTimeout::from(100u8));
-                }
-                Err(Errno::ENOENT) => {
-                    self.state.lock().counters.kernel_enoent += 1;
-                    return Err(Errno::ENOENT);
                 }
                 Err(e) => return Err(e),
             }
@@ -672,13 +677,19 @@ impl Relay {
             }
         };
         if h.unique == 0 {
-            let r = self.write_kernel(msg);
+            let r = self.write_raw(msg);
             let mut s = self.state.lock();
             s.counters.notifications += 1;
             if let Err(e) = r {
                 s.counters.notification_errors += 1;
                 drop(s);
-                tracing::debug!(code = h.error, error = %e, "relay: the kernel rejected a notification");
+                // ENOENT is the ordinary answer to invalidating something the kernel does not
+                // cache; other errnos mean the daemon sent something the kernel refused.
+                if e == Errno::ENOENT {
+                    tracing::debug!(code = h.error, error = %e, "relay: the kernel rejected a notification");
+                } else {
+                    tracing::warn!(code = h.error, error = %e, "relay: the kernel rejected a notification");
+                }
             }
             return;
         }

@@ -126,7 +126,8 @@ pub struct Counters {
     pub kernel_enoent: u64,
     /// Notifications (`unique == 0`) written to the kernel.
     pub notifications: u64,
-    /// Notifications the kernel rejected (its errno is logged).
+    /// Notifications the kernel rejected (ENOENT, the usual one, is logged at debug level,
+    /// any other errno as a warning). Not counted in `kernel_enoent`.
     pub notification_errors: u64,
     /// Interrupt replies (`unique & 1`) passed through.
     pub interrupt_replies: u64,
