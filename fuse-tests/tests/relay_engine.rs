@@ -77,6 +77,16 @@ fn mount_fd(mnt: &Path) -> OwnedFd {
 }
 
 fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount {
+    start_with(relay_args, bucketfs_args, wait, |_| {})
+}
+
+/// [`start`], with `setup` applied to drainfs's command before it is spawned.
+fn start_with(
+    relay_args: &[&str],
+    bucketfs_args: &[&str],
+    wait: bool,
+    setup: impl FnOnce(&mut Command),
+) -> RelayMount {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     let bucket = dir.path().join("bucket");
@@ -100,6 +110,7 @@ fn start(relay_args: &[&str], bucketfs_args: &[&str], wait: bool) -> RelayMount 
         .arg("--mountpoint")
         .arg(format!("/dev/fd/{n}"))
         .stdin(Stdio::null());
+    setup(&mut cmd);
     let drainfs = Proc::spawn(cmd);
     drop(fuse);
     let m = RelayMount { dir, drainfs };
@@ -595,4 +606,100 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
         "drainfs logged on stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A CPU-limited cgroup (v2 `cpu.max`, or v1 `cpu.cfs_quota_us` where cgroup v2 is not the
+/// only hierarchy) for one test; removed on drop, once its processes are gone.
+struct CpuLimitedCgroup {
+    dir: PathBuf,
+}
+
+impl CpuLimitedCgroup {
+    /// A cgroup limited to `quota_us` per 100 ms period.
+    fn new(quota_us: u32) -> CpuLimitedCgroup {
+        let name = format!("drainfs-test-{}", std::process::id());
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let dir = if v2 {
+            // The cpu controller must be enabled for the root's children.
+            std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpu")
+                .expect("enable the cpu controller");
+            Path::new("/sys/fs/cgroup").join(&name)
+        } else {
+            Path::new("/sys/fs/cgroup/cpu").join(&name)
+        };
+        std::fs::create_dir(&dir).expect("create a cgroup (run as root)");
+        let g = CpuLimitedCgroup { dir };
+        if v2 {
+            std::fs::write(g.dir.join("cpu.max"), format!("{quota_us} 100000")).unwrap();
+        } else {
+            std::fs::write(g.dir.join("cpu.cfs_period_us"), "100000").unwrap();
+            std::fs::write(g.dir.join("cpu.cfs_quota_us"), quota_us.to_string()).unwrap();
+        }
+        g
+    }
+
+    /// Makes `cmd`'s process join the cgroup before it runs (its children follow).
+    fn enter(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(
+            self.dir
+                .join("cgroup.procs")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: between fork and exec only async-signal-safe calls are made (open, write,
+        // close), on a path built before the fork; "0" names the writing process itself.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if ok { Ok(()) } else { Err(err) }
+            });
+        }
+    }
+}
+
+impl Drop for CpuLimitedCgroup {
+    fn drop(&mut self) {
+        // rmdir fails (EBUSY) until the last process has left.
+        let gone = wait_until(Duration::from_secs(5), || {
+            std::fs::remove_dir(&self.dir).is_ok()
+        });
+        if !gone {
+            eprintln!("cgroup {} left behind", self.dir.display());
+        }
+    }
+}
+
+/// `--spin auto`: the pump spins (50 µs) when drainfs may use 2 CPUs or more, and never under
+/// a cgroup CPU limit below 2 CPUs, such as the managed sidecar's, where spinning would take
+/// the daemon's CPU time.
+#[test]
+fn spin_auto_is_off_under_a_cpu_limit_below_two_cpus() {
+    let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map(|set| {
+            (0..nix::sched::CpuSet::count())
+                .filter(|&i| set.is_set(i).unwrap_or(false))
+                .count()
+        })
+        .unwrap();
+    let spin_of = |m: &mut RelayMount| {
+        write_file(&m.mnt().join("f"), b"x").unwrap();
+        m.drainfs.signal(Signal::SIGTERM);
+        assert_eq!(m.wait_exit(Duration::from_secs(5)).code(), Some(0));
+        m.summary()["relay"]["spin_us"].as_u64().unwrap()
+    };
+    let mut free = start(&[], &[], true);
+    assert_eq!(spin_of(&mut free), if cpus >= 2 { 50 } else { 0 });
+    let cgroup = CpuLimitedCgroup::new(50_000);
+    let mut limited = start_with(&[], &[], true, |cmd| cgroup.enter(cmd));
+    assert_eq!(spin_of(&mut limited), 0, "half a CPU: no spinning");
+    drop(limited);
+    drop(cgroup);
 }

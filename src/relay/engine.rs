@@ -80,6 +80,8 @@ pub struct RelayStatus {
     pub init: Option<InitCaps>,
     /// The message payload cap in use (bytes).
     pub cap: Option<u32>,
+    /// How long the pump keeps polling after a message before it sleeps (µs; `--spin`).
+    pub spin_us: u64,
     /// The cap the socket buffers alone would allow (bytes).
     pub buffer_cap: Option<u32>,
     /// SO_SNDBUF of the relay's end, as read back (bytes).
@@ -238,6 +240,7 @@ impl Relay {
         RelayStatus {
             init: *self.init.lock(),
             cap: self.limits.cap,
+            spin_us: self.spin.as_micros() as u64,
             buffer_cap: self.limits.buffer_cap,
             sndbuf_relay: self.limits.sndbuf_relay,
             sndbuf_daemon: self.limits.sndbuf_daemon,

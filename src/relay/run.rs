@@ -96,6 +96,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
         cap = ?limits.cap,
         buffer_cap = ?limits.buffer_cap,
         max_message = opts.max_message,
+        spin_us = opts.spin.as_micros() as u64,
         "relay: socketpair ready"
     );
     if limits
@@ -327,23 +328,61 @@ pub fn spin_for(cpus: usize, quota: Option<f64>) -> std::time::Duration {
     }
 }
 
-/// The tightest cgroup v2 `cpu.max` quota, in CPUs, on the path from this process's cgroup
-/// up to the root of `/sys/fs/cgroup`; `None` when none is set or cgroup v2 is not mounted.
+/// The tightest CPU quota, in CPUs, on the path from this process's cgroup up to the root of
+/// its hierarchy: cgroup v2 `cpu.max`, else cgroup v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`.
+/// `None` when none is set or neither is readable. A container often sees only its own
+/// cgroup at the hierarchy's root, so directories that do not exist are skipped.
 fn cgroup_cpu_quota() -> Option<f64> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let mut dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
-    let mut tightest: Option<f64> = None;
+    let (v2, v1) = cgroup_paths(&own);
+    let root = Path::new("/sys/fs/cgroup");
+    if let Some(rel) = v2
+        && root.join("cgroup.controllers").exists()
+    {
+        return tightest(&root.join(rel.trim_start_matches('/')), root, |d| {
+            parse_cpu_max(&std::fs::read_to_string(d.join("cpu.max")).ok()?)
+        });
+    }
+    let rel = v1?;
+    let root = root.join("cpu");
+    tightest(&root.join(rel.trim_start_matches('/')), &root, |d| {
+        let quota = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).ok()?;
+        let period = std::fs::read_to_string(d.join("cpu.cfs_period_us")).ok()?;
+        parse_cfs(&quota, &period)
+    })
+}
+
+/// The smallest `read(dir)` from `dir` up to `root`.
+fn tightest(dir: &Path, root: &Path, read: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+    let mut dir = dir.to_path_buf();
+    let mut best: Option<f64> = None;
     loop {
-        if let Ok(max) = std::fs::read_to_string(dir.join("cpu.max"))
-            && let Some(q) = parse_cpu_max(&max)
-        {
-            tightest = Some(tightest.map_or(q, |t| t.min(q)));
+        if let Some(q) = read(&dir) {
+            best = Some(best.map_or(q, |b| b.min(q)));
         }
-        if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
-            return tightest;
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            return best;
         }
     }
+}
+
+/// This process's cgroup paths from `/proc/self/cgroup`: the v2 one (`0::PATH`) and the v1
+/// one of the hierarchy that has the `cpu` controller (`ID:cpu,cpuacct:PATH`).
+pub fn cgroup_paths(proc_self_cgroup: &str) -> (Option<&str>, Option<&str>) {
+    let mut v2 = None;
+    let mut v1 = None;
+    for line in proc_self_cgroup.lines() {
+        let mut it = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if ctrl.is_empty() {
+            v2 = Some(path);
+        } else if ctrl.split(',').any(|c| c == "cpu") {
+            v1 = Some(path);
+        }
+    }
+    (v2, v1)
 }
 
 /// Parses cgroup v2 `cpu.max` (`"QUOTA PERIOD"` in µs, or `"max PERIOD"`) into CPUs.
@@ -352,6 +391,13 @@ pub fn parse_cpu_max(s: &str) -> Option<f64> {
     let quota: f64 = it.next()?.parse().ok()?;
     let period: f64 = it.next()?.parse().ok()?;
     (period > 0.0).then_some(quota / period)
+}
+
+/// Parses cgroup v1 `cpu.cfs_quota_us` (`-1`: none) and `cpu.cfs_period_us` into CPUs.
+pub fn parse_cfs(quota: &str, period: &str) -> Option<f64> {
+    let quota: f64 = quota.trim().parse().ok()?;
+    let period: f64 = period.trim().parse().ok()?;
+    (quota > 0.0 && period > 0.0).then_some(quota / period)
 }
 
 #[cfg(test)]
@@ -374,6 +420,14 @@ mod tests {
         assert_eq!(parse_cpu_max("max 100000\n"), None);
         assert_eq!(parse_cpu_max("250000 100000\n"), Some(2.5));
         assert_eq!(parse_cpu_max("garbage"), None);
+        assert_eq!(parse_cfs("-1\n", "100000\n"), None);
+        assert_eq!(parse_cfs("25000\n", "100000\n"), Some(0.25));
+        let v1 = "12:cpu,cpuacct:/kubepods/pod1/c1\n4:memory:/x\n0::/\n";
+        assert_eq!(cgroup_paths(v1), (Some("/"), Some("/kubepods/pod1/c1")));
+        assert_eq!(
+            cgroup_paths("0::/user.slice\n"),
+            (Some("/user.slice"), None)
+        );
     }
 
     #[test]
