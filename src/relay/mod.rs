@@ -17,3 +17,6 @@ pub mod init;
 pub mod names;
 pub mod proto;
 pub mod run;
+
+#[cfg(test)]
+mod prop_tests;
