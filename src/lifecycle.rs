@@ -1478,6 +1478,11 @@ impl Runner {
                 };
                 self.stop_relay(&r, why).await;
                 settle_relay(&mut r).await;
+                for f in r.relay.failed_flushes() {
+                    if !self.failed_flushes.contains(&f) {
+                        self.failed_flushes.push(f);
+                    }
+                }
                 drain_exit_code(self)
             }
         }

@@ -703,3 +703,27 @@ fn spin_auto_is_off_under_a_cpu_limit_below_two_cpus() {
     drop(limited);
     drop(cgroup);
 }
+
+/// A FLUSH the daemon fails (its upload failed: the application's close() gets the error) is
+/// a failed flush: exit 75, named in the summary and counted, as in mount mode.
+#[test]
+fn a_failed_upload_is_a_failed_flush_exit_75() {
+    let mut m = start(&[], &["--fail-upload", "bad"], true);
+    std::fs::create_dir(m.mnt().join("d")).unwrap();
+    let r = write_file(&m.mnt().join("d/bad1"), &[1u8; 1000]);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)));
+    write_file(&m.mnt().join("good"), b"fine").unwrap();
+    m.drainfs.signal(Signal::SIGTERM);
+    let st = m.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(75), "{st:?}");
+    let s = m.summary();
+    assert_eq!(s["outcome"], "incomplete", "{s:#}");
+    assert_eq!(s["failed_flushes"], serde_json::json!(["d/bad1"]), "{s:#}");
+    assert_eq!(s["counts"]["lower_flush_errors"], 1, "{s:#}");
+    assert!(s["counts"]["lower_flushes"].as_u64().unwrap() >= 2, "{s:#}");
+    assert!(
+        s["counts"]["bytes_written"].as_u64().unwrap() >= 1004,
+        "{s:#}"
+    );
+    assert_eq!(std::fs::read(m.bucket().join("good")).unwrap(), b"fine");
+}

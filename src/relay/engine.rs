@@ -268,6 +268,11 @@ impl Relay {
         self.state.lock().admitted_paths(cap)
     }
 
+    /// Paths whose FLUSH, FSYNC or RELEASE the daemon failed (uploads that may be missing).
+    pub fn failed_flushes(&self) -> Vec<String> {
+        self.state.lock().failed_flushes()
+    }
+
     /// Counters so far.
     pub fn counters(&self) -> Counters {
         self.state.lock().counters.clone()

@@ -15,6 +15,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -86,6 +88,8 @@ pub struct Pending {
     nodeid: u64,
     /// What a successful reply does to names.
     names: Option<NameOp>,
+    /// FLUSH, FSYNC, RELEASE: when it was forwarded (the daemon's upload time is measured).
+    started: Option<Instant>,
     /// Counts the request in the accounting until dropped.
     guard: OwnedOpGuard,
 }
@@ -149,6 +153,8 @@ pub struct Inflight {
     handles: HashMap<(HandleMode, u64), Vec<(HandleGuard, u64)>>,
     /// Paths of the nodeids the kernel knows, for naming open files.
     names: Names,
+    /// Paths whose FLUSH, FSYNC or RELEASE the daemon answered with an error.
+    failed_flushes: Vec<String>,
     stopping: bool,
     daemon_gone: bool,
     /// Counters.
@@ -163,6 +169,7 @@ impl Inflight {
             pending: HashMap::new(),
             handles: HashMap::new(),
             names: Names::default(),
+            failed_flushes: Vec::new(),
             stopping: false,
             daemon_gone: false,
             counters: Counters::default(),
@@ -180,6 +187,8 @@ impl Inflight {
         mut guard: OwnedOpGuard,
         door_open: bool,
     ) -> Admit {
+        // Decided before RELEASE drops its handle.
+        let flushes_write = self.flushes_write(h.opcode, body);
         match h.opcode {
             Opcode::Release | Opcode::Releasedir => self.remove_handle(h.opcode, body),
             // fuse_forget_in: nlookup.
@@ -212,6 +221,9 @@ impl Inflight {
         if self.daemon_gone || self.stopping {
             guard.fail();
             self.counters.answered_daemon_gone += 1;
+            if flushes_write {
+                self.record_failed_flush(h.opcode, h.nodeid, libc::EIO);
+            }
             return Admit::Reply(libc::EIO);
         }
         if !door_open && h.opcode.is_door_guarded() {
@@ -238,11 +250,33 @@ impl Inflight {
                 opens,
                 nodeid: h.nodeid,
                 names: proto::name_op(h.opcode, h.nodeid, body),
+                started: flushes_write.then(Instant::now),
                 guard,
             },
         );
+        if h.opcode == Opcode::Write
+            && let Some(n) = proto::write_size(body)
+        {
+            self.acct.bytes_written.fetch_add(u64::from(n), Relaxed);
+        }
         self.counters.forwarded += 1;
         Admit::Forward
+    }
+
+    /// Whether a request is a FLUSH or FSYNC of a handle open for writing (or of an `fh` the
+    /// relay has not seen open read-only), or the RELEASE of a file opened for writing: where
+    /// a daemon such as gcsfuse uploads, so its failure may lose data.
+    fn flushes_write(&self, opcode: Opcode, body: &[u8]) -> bool {
+        match opcode {
+            // fuse_flush_in and fuse_fsync_in start with fh.
+            Opcode::Flush | Opcode::Fsync => proto::u64_at(body, 0).is_some_and(|fh| {
+                self.handles.contains_key(&(HandleMode::Write, fh))
+                    || !self.handles.contains_key(&(HandleMode::Read, fh))
+            }),
+            // fuse_release_in: fh, then the flags the file was opened with.
+            Opcode::Release => proto::u32_at(body, 8).is_some_and(proto::is_write_intent),
+            _ => false,
+        }
     }
 
     fn remove_handle(&mut self, opcode: Opcode, body: &[u8]) {
@@ -278,9 +312,23 @@ impl Inflight {
             self.counters.unknown_replies += 1;
             return None;
         };
+        if let Some(t0) = p.started
+            && p.opcode != Opcode::Release
+        {
+            self.acct.lower_flush_duration.observe(t0.elapsed());
+        }
         if error != 0 {
             p.fail();
-            return Some(p.opcode);
+            let (opcode, nodeid, flushing) = (p.opcode, p.nodeid, p.started.is_some());
+            // ENOSYS: the daemon has no FLUSH/FSYNC (the kernel then stops sending it);
+            // nothing failed.
+            if flushing && error != -libc::ENOSYS {
+                self.record_failed_flush(opcode, nodeid, -error);
+            }
+            return Some(opcode);
+        }
+        if p.opcode == Opcode::Read {
+            self.acct.bytes_read.fetch_add(body.len() as u64, Relaxed);
         }
         let mut nodeid = p.nodeid;
         match &p.names {
@@ -345,6 +393,26 @@ impl Inflight {
             .collect()
     }
 
+    /// Counts a FLUSH, FSYNC or RELEASE that failed (answered `errno` by the daemon, or EIO by
+    /// the relay because the daemon is gone or unreachable): an upload that may be missing.
+    fn record_failed_flush(&mut self, opcode: Opcode, nodeid: u64, errno: i32) {
+        self.acct.lower_flush_errors.fetch_add(1, Relaxed);
+        let path = self.names.path(nodeid);
+        tracing::warn!(
+            op = opcode.name(),
+            path = %path,
+            errno,
+            "relay: a flush failed: the object may not be uploaded"
+        );
+        self.failed_flushes.push(path);
+    }
+
+    /// Paths whose FLUSH, FSYNC or RELEASE the daemon answered with an error (ENOSYS aside),
+    /// in the order seen.
+    pub fn failed_flushes(&self) -> Vec<String> {
+        self.failed_flushes.clone()
+    }
+
     /// Nodeids whose path is known.
     pub fn known_names(&self) -> usize {
         self.names.len()
@@ -356,10 +424,15 @@ impl Inflight {
         self.pending.remove(&unique).is_some()
     }
 
-    /// Takes one request out of the in-flight map, for the caller to answer it with an error
-    /// (still counted until the returned value is dropped).
+    /// Takes one request out of the in-flight map, for the caller to answer it EIO (still
+    /// counted until the returned value is dropped); a FLUSH, FSYNC or RELEASE so answered is
+    /// a failed flush.
     pub fn take(&mut self, unique: u64) -> Option<Pending> {
-        self.pending.remove(&unique)
+        let p = self.pending.remove(&unique)?;
+        if p.started.is_some() {
+            self.record_failed_flush(p.opcode, p.nodeid, libc::EIO);
+        }
+        Some(p)
     }
 
     /// The relay is stopping the daemon (SHUT_WR): later requests are answered EIO.
@@ -378,6 +451,11 @@ impl Inflight {
         self.daemon_gone = true;
         let mut all: Vec<(u64, Pending)> = self.pending.drain().collect();
         all.sort_by_key(|(u, _)| *u);
+        for (_, p) in &all {
+            if p.started.is_some() {
+                self.record_failed_flush(p.opcode, p.nodeid, libc::EIO);
+            }
+        }
         all
     }
 
@@ -584,5 +662,51 @@ mod tests {
         assert_eq!(t.s.counters.answered_daemon_gone, 1);
         assert_eq!(t.s.release_all_handles(), 1);
         assert!(t.out().is_idle());
+    }
+
+    #[test]
+    fn failed_flushes_of_write_handles_are_recorded() {
+        let mut t = T::new();
+        let flush_in = |fh: u64| {
+            let mut b = fh.to_le_bytes().to_vec();
+            b.extend_from_slice(&[0; 16]);
+            b
+        };
+        // fh 7 open for writing, fh 8 read-only.
+        assert_eq!(t.admit(14, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
+        t.s.on_reply(2, 0, &open_out(7));
+        t.s.complete(2);
+        assert_eq!(t.admit(14, 4, &open_in(libc::O_RDONLY)), Admit::Forward);
+        t.s.on_reply(4, 0, &open_out(8));
+        t.s.complete(4);
+        // A WRITE of 4096 bytes is counted.
+        let mut write_in = 7u64.to_le_bytes().to_vec();
+        write_in.extend_from_slice(&0u64.to_le_bytes());
+        write_in.extend_from_slice(&4096u32.to_le_bytes());
+        write_in.extend_from_slice(&[0; 20]);
+        assert_eq!(t.admit(16, 6, &write_in), Admit::Forward);
+        assert_eq!(t.acct.bytes_written.load(Relaxed), 4096);
+        // FLUSH of the read-only handle failing, and FLUSH answered ENOSYS: not uploads.
+        t.admit(25, 8, &flush_in(8));
+        t.s.on_reply(8, -libc::EIO, &[]);
+        t.admit(25, 10, &flush_in(7));
+        t.s.on_reply(10, -libc::ENOSYS, &[]);
+        assert!(t.s.failed_flushes().is_empty());
+        // FLUSH and FSYNC of the write handle failing: failed flushes.
+        t.admit(25, 12, &flush_in(7));
+        t.s.on_reply(12, -libc::EIO, &[]);
+        t.admit(20, 14, &flush_in(7));
+        t.s.on_reply(14, -libc::ENOSPC, &[]);
+        assert_eq!(t.s.failed_flushes().len(), 2);
+        // While stopping, a FLUSH of the write handle is answered EIO here: failed too; a
+        // RELEASE of the read-only file is not.
+        t.s.begin_stop();
+        assert_eq!(t.admit(25, 16, &flush_in(7)), Admit::Reply(libc::EIO));
+        assert_eq!(
+            t.admit(18, 18, &release_in(8, libc::O_RDONLY)),
+            Admit::Reply(libc::EIO)
+        );
+        assert_eq!(t.s.failed_flushes().len(), 3);
+        assert_eq!(t.acct.lower_flush_errors.load(Relaxed), 3);
     }
 }

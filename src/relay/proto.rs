@@ -469,6 +469,11 @@ pub fn reply_fh(opcode: Opcode, body: &[u8]) -> Option<u64> {
     }
 }
 
+/// The byte count of a WRITE request body (`fuse_write_in.size`, after `fh` and `offset`).
+pub fn write_size(body: &[u8]) -> Option<u32> {
+    u32_at(body, 16)
+}
+
 /// The handle a RELEASE/RELEASEDIR request body names (`fuse_release_in.fh`).
 pub fn release_fh(body: &[u8]) -> Option<u64> {
     u64_at(body, 0)
