@@ -706,6 +706,18 @@ impl Relay {
             self.state.lock().counters.interrupt_replies += 1;
             return;
         }
+        // The kernel takes only 0 or -1..=-511 (fuse_dev_do_write) and would leave the caller
+        // waiting for another reply: answer EIO instead.
+        if !(-511..=0).contains(&h.error) {
+            self.state.lock().counters.protocol_errors += 1;
+            tracing::error!(
+                unique = h.unique,
+                error = h.error,
+                "relay: the daemon replied with an invalid error value; answering EIO"
+            );
+            self.answer_malformed(msg);
+            return;
+        }
         let pending = self
             .state
             .lock()
@@ -741,6 +753,20 @@ impl Relay {
     }
 
     fn finish(&self, unique: u64, r: Result<(), Errno>) {
+        if r == Err(Errno::EINVAL) {
+            // The kernel refused the reply (a body it cannot take for this request): answer
+            // EIO, or the caller would wait for a reply that never comes.
+            self.state.lock().counters.protocol_errors += 1;
+            tracing::error!(
+                unique,
+                "relay: the kernel refused the daemon's reply (EINVAL); answering EIO"
+            );
+            if let Some(mut p) = self.state.lock().take(unique) {
+                let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+                p.fail();
+            }
+            return;
+        }
         {
             let mut s = self.state.lock();
             if r.is_ok() {

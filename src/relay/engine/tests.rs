@@ -501,3 +501,17 @@ fn open_files_are_named_from_the_names_relayed() {
     recv(h.d());
     assert_eq!(h.relay.open_paths(10)[0].0, "<nodeid 5>/f");
 }
+
+#[test]
+fn an_invalid_error_value_is_answered_eio() {
+    let h = start();
+    for (unique, bad) in [(2u64, 7i32), (4, -100_000)] {
+        send(&h.kernel, &request(3, unique, 1, &[0; 16]));
+        recv(h.d());
+        send(h.d(), &reply(unique, bad, &[]));
+        let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+        assert_eq!((oh.unique, oh.error), (unique, -libc::EIO));
+    }
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
+    assert_eq!(h.relay.counters().protocol_errors, 2);
+}
