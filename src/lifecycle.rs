@@ -1041,6 +1041,11 @@ impl Runner {
                 tracing::info!("shutdown before INIT went through: stopping the daemon");
                 self.stop_relay(rp, "shutdown before INIT went through")
                     .await;
+                if rp.relay.init_failed() {
+                    // The relay had answered INIT EIO already: the start failed.
+                    self.failed = true;
+                    return Some(ExitCode::Failed);
+                }
                 return Some(match self.lower_stop {
                     Some(LowerStop::Clean) | None => ExitCode::Clean,
                     Some(LowerStop::Killed) => ExitCode::Incomplete,
@@ -1062,6 +1067,16 @@ impl Runner {
                         ));
                         self.stop_relay(rp, "INIT failed").await;
                         return Some(ExitCode::Failed);
+                    }
+                    Some(EngineEvent::InitRefused(errno)) => {
+                        let detail = format!(
+                            "the daemon refused INIT: {}",
+                            nix::errno::Errno::from_raw(errno).desc()
+                        );
+                        self.notes.push(detail.clone());
+                        self.on_event(Event::Trigger(Cause::LowerDied { detail }));
+                        self.stop_relay(rp, "the daemon refused INIT").await;
+                        return Some(ExitCode::LowerFailed);
                     }
                     Some(EngineEvent::KernelGone(_)) => {
                         self.on_event(Event::Trigger(Cause::UnmountedExternally));
@@ -1437,6 +1452,7 @@ impl Runner {
                 // A relay's daemon after the end-of-stream: see `--eof-exit-codes`.
                 (Some(WaitStatus::Exited(_, code)), None)
                     if self.machine.forced().is_none()
+                        && self.shared.is_started()
                         && self
                             .cfg
                             .relay

@@ -727,3 +727,46 @@ fn a_failed_upload_is_a_failed_flush_exit_75() {
     );
     assert_eq!(std::fs::read(m.bucket().join("good")).unwrap(), b"fine");
 }
+
+/// A daemon that exits 1 at once is a failed start (69) however its exit and a SIGTERM race:
+/// `--eof-exit-codes` covers only a daemon that served and then ended at the relay's
+/// end-of-stream.
+#[test]
+fn a_daemon_that_exits_at_start_is_never_a_clean_stop() {
+    for delay_us in (0..=40u64).map(|i| i * 100) {
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let fuse = mount_fd(&mnt);
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                force_unmount(&self.0);
+            }
+        }
+        let _guard = Unmount(mnt.clone());
+        let mut cmd = Command::new(bin("drainfs"));
+        cmd.args(["relay", "--socket-buffer", "212992", "--"])
+            .args(["/bin/sh", "-c", "exit 1", "sh"])
+            .arg(format!("/dev/fd/{}", fuse.as_raw_fd()))
+            .stdin(Stdio::null());
+        let mut p = Proc::spawn(cmd);
+        drop(fuse);
+        // From the moment drainfs blocks SIGTERM (its signalfd takes it from then on).
+        let status = format!("/proc/{}/status", p.pid());
+        assert!(wait_until(Duration::from_secs(5), || {
+            std::fs::read_to_string(&status).is_ok_and(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("SigBlk:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & (1 << (libc::SIGTERM - 1)) != 0)
+            })
+        }));
+        std::thread::sleep(Duration::from_micros(delay_us));
+        p.signal(Signal::SIGTERM);
+        let st = p
+            .wait_timeout(Duration::from_secs(10))
+            .expect("drainfs did not exit");
+        assert_eq!(st.code(), Some(69), "after {delay_us} us: {st:?}");
+    }
+}

@@ -108,6 +108,8 @@ pub enum EngineEvent {
     Initialized(InitCaps),
     /// The socket cannot carry a minimal message: the kernel's INIT was answered EIO.
     InitFailed,
+    /// The daemon answered the kernel's INIT with this errno (passed on: the mount fails).
+    InitRefused(i32),
     /// The kernel side is gone (read gave this errno, or EOF); SHUT_WR was sent to the daemon.
     KernelGone(Errno),
     /// The daemon's end reached EOF (`reset`: ECONNRESET or another error); every request in
@@ -133,6 +135,8 @@ pub struct Relay {
     init_unique: Mutex<Option<u64>>,
     shut_wr: AtomicBool,
     kernel_gone: AtomicBool,
+    /// The socket cannot carry a minimal message: the relay answered INIT EIO itself.
+    init_failed: AtomicBool,
     on_event: OnEvent,
 }
 
@@ -209,6 +213,7 @@ impl Relay {
             init_unique: Mutex::new(None),
             shut_wr: AtomicBool::new(false),
             kernel_gone: AtomicBool::new(false),
+            init_failed: AtomicBool::new(false),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);
@@ -287,6 +292,12 @@ impl Relay {
     /// EOF, so a daemon EOF that follows is known to be the consequence).
     pub fn kernel_gone(&self) -> bool {
         self.kernel_gone.load(Ordering::SeqCst)
+    }
+
+    /// Whether the relay answered the kernel's INIT EIO itself (the socket cannot carry a
+    /// minimal message).
+    pub fn init_failed(&self) -> bool {
+        self.init_failed.load(Ordering::SeqCst)
     }
 
     /// Whether the daemon's end reached EOF.
@@ -554,6 +565,7 @@ impl Relay {
                  answering INIT with EIO"
             );
             let _ = self.write_kernel(&proto::error_reply(h.unique, libc::EIO));
+            self.init_failed.store(true, Ordering::SeqCst);
             self.emit(EngineEvent::InitFailed);
             return;
         }
@@ -726,6 +738,13 @@ impl Relay {
         let mut out = msg;
         if pending == Some(Opcode::Init) {
             self.init_unique.lock().take();
+            if h.error != 0 {
+                tracing::error!(errno = -h.error, "relay: the daemon refused INIT");
+                let r = self.write_kernel(msg);
+                self.finish(h.unique, r);
+                self.emit(EngineEvent::InitRefused(-h.error));
+                return;
+            }
         }
         if pending == Some(Opcode::Init)
             && let Some(cap) = self.limits.cap

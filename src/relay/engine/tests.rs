@@ -515,3 +515,15 @@ fn an_invalid_error_value_is_answered_eio() {
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
     assert_eq!(h.relay.counters().protocol_errors, 2);
 }
+
+#[test]
+fn a_refused_init_is_passed_on_and_reported() {
+    let h = start();
+    send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
+    recv(h.d());
+    send(h.d(), &reply(2, -libc::ENOSYS, &[]));
+    let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
+    assert_eq!((oh.unique, oh.error), (2, -libc::ENOSYS));
+    assert_eq!(h.event(), EngineEvent::InitRefused(libc::ENOSYS));
+    assert_eq!(h.relay.outstanding().in_flight, 0);
+}
