@@ -770,3 +770,25 @@ fn a_daemon_that_exits_at_start_is_never_a_clean_stop() {
         assert_eq!(st.code(), Some(69), "after {delay_us} us: {st:?}");
     }
 }
+
+/// The connection fd must be an open /dev/fuse: a file, a pipe or another device there is a
+/// usage error (2), not requests read from garbage.
+#[test]
+fn a_kernel_fd_that_is_not_dev_fuse_is_a_usage_error() {
+    use std::os::fd::AsFd;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    for fd in [file.as_file().as_fd(), pipe_r.as_fd(), zero.as_fd()] {
+        // A dup without FD_CLOEXEC at a known number, inherited by drainfs.
+        let dup = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD(100)).unwrap();
+        let out = Command::new(bin("drainfs"))
+            .args(["relay", "--", "/bin/true"])
+            .arg(format!("/dev/fd/{dup}"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        nix::unistd::close(dup).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{fd:?}: {out:?}");
+    }
+}

@@ -133,6 +133,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
 /// FD_CLOEXEC (the daemon must never inherit the FUSE connection).
 fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     fcntl_check(kfd)?;
+    fuse_device_check(kfd)?;
     // SAFETY: `kfd` is open (checked above) and was inherited; nothing else in this process
     // owns it, so taking ownership (and closing it once duplicated) is sound.
     let inherited = unsafe { OwnedFd::from_raw_fd(kfd) };
@@ -253,6 +254,35 @@ fn fcntl_check(fd: RawFd) -> Result<(), String> {
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(format!(
             "fd {fd} (the FUSE connection) is not open in this process"
+        ));
+    }
+    Ok(())
+}
+
+/// `/dev/fuse`'s device number (misc major 10, minor 229: `FUSE_MINOR` in
+/// `<linux/miscdevice.h>`).
+const FUSE_DEV: (u64, u64) = (10, 229);
+
+/// Checks that `fd` is a FUSE connection: a character device `/dev/fuse` (a file, a pipe or a
+/// socket there would be read as FUSE requests).
+fn fuse_device_check(fd: RawFd) -> Result<(), String> {
+    use nix::sys::stat::{SFlag, fstat, major, minor};
+    // SAFETY: `fd` is open (fcntl_check) and only borrowed for the fstat call.
+    let st = fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        .map_err(|e| format!("fd {fd} (the FUSE connection): fstat failed: {e}"))?;
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    let dev = (major(st.st_rdev), minor(st.st_rdev));
+    if kind != SFlag::S_IFCHR || dev != FUSE_DEV {
+        let what = match kind {
+            SFlag::S_IFREG => "a regular file".to_string(),
+            SFlag::S_IFIFO => "a pipe".to_string(),
+            SFlag::S_IFSOCK => "a socket".to_string(),
+            SFlag::S_IFDIR => "a directory".to_string(),
+            SFlag::S_IFCHR => format!("the character device {}:{}", dev.0, dev.1),
+            _ => "not a character device".to_string(),
+        };
+        return Err(format!(
+            "fd {fd} is not a FUSE connection (an open /dev/fuse, device 10:229): it is {what}"
         ));
     }
     Ok(())
