@@ -1044,13 +1044,10 @@ impl Runner {
                 if rp.relay.init_failed() {
                     // The relay had answered INIT EIO already: the start failed.
                     self.failed = true;
-                    return Some(ExitCode::Failed);
                 }
-                return Some(match self.lower_stop {
-                    Some(LowerStop::Clean) | None => ExitCode::Clean,
-                    Some(LowerStop::Killed) => ExitCode::Incomplete,
-                    _ => ExitCode::LowerFailed,
-                });
+                // The same outcome rules as a stop after serving (a failed control plane
+                // is 1, a daemon that did not stop cleanly 69).
+                return Some(drain_exit_code(self));
             }
             let lower_exit = self.lower.wait();
             let dead = self.machine.lower_died().is_some();

@@ -164,6 +164,7 @@ fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
             cfg.lifecycle.termination_log.as_deref(),
         ),
         ("--ready-file", cfg.lifecycle.ready_file.as_deref()),
+        ("--control-socket", cfg.admin.control_socket.as_deref()),
     ];
     for (flag, path) in files {
         let Some(path) = path else { continue };
@@ -175,6 +176,17 @@ fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
             return Err(format!(
                 "{flag} {}: the directory {} does not exist",
                 path.display(),
+                dir.display()
+            ));
+        }
+        if let Err(e) = nix::unistd::access(
+            dir,
+            nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+        ) {
+            return Err(format!(
+                "{flag} {}: drainfs (uid {}) cannot create files in {}: {e}",
+                path.display(),
+                nix::unistd::geteuid(),
                 dir.display()
             ));
         }

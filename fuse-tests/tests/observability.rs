@@ -529,9 +529,11 @@ fn outputs_and_watched_pid_are_checked_at_start() {
     std::fs::create_dir(&lower).unwrap();
     std::fs::create_dir(&mnt).unwrap();
     let missing = dir.path().join("no-such-dir").join("summary.json");
-    let cases: [&[&str]; 2] = [
+    let missing_sock = dir.path().join("no-such-dir").join("control.sock");
+    let cases: [&[&str]; 3] = [
         &["--summary-file", missing.to_str().unwrap()],
         &["--watch-pid", "999999999"],
+        &["--control-socket", missing_sock.to_str().unwrap()],
     ];
     for extra in cases {
         let out = Command::new(bin("drainfs"))

@@ -759,3 +759,24 @@ fn connection_abort_stops_the_daemon_cleanly() {
     assert!(!is_mounted(&s.mnt));
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
 }
+
+/// An output the unprivileged sidecar cannot create (a control socket in a directory only
+/// root may write) is a start-up error, exit 2, instead of a failure found after the start.
+#[test]
+fn an_output_the_sidecar_cannot_create_is_a_start_up_error() {
+    let root_only = tempfile::tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(
+        root_only.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let sock = root_only.path().join("control.sock");
+    let mut s = Sidecar::spawn(
+        Daemon::Bucketfs(Vec::new()),
+        Via::Relay(vec!["--control-socket".into(), sock.display().to_string()]),
+    );
+    let e = s.wait(Duration::from_secs(10));
+    assert_eq!(e.code, Some(2), "{e}");
+    assert!(!sock.exists());
+    s.assert_nothing_left();
+}
