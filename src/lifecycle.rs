@@ -1491,7 +1491,15 @@ impl Runner {
                 };
                 self.stop_relay(&r, why).await;
                 settle_relay(&mut r).await;
-                for f in r.relay.failed_flushes() {
+                let lost = r.relay.lost_writes();
+                if !lost.is_empty() {
+                    self.notes.push(format!(
+                        "the FUSE connection ended with {} file(s) open for writing; their writers got ENOTCONN",
+                        lost.len()
+                    ));
+                    self.open_at_force.extend(lost.iter().cloned());
+                }
+                for f in r.relay.failed_flushes().into_iter().chain(lost) {
                     if !self.failed_flushes.contains(&f) {
                         self.failed_flushes.push(f);
                     }

@@ -780,3 +780,37 @@ fn an_output_the_sidecar_cannot_create_is_a_start_up_error() {
     assert!(!sock.exists());
     s.assert_nothing_left();
 }
+
+/// A connection abort while a file is open for writing cuts the writer off (ENOTCONN) before
+/// its close could upload: the relay reports it, exit 75 with the file named, never "clean".
+/// (A lazy unmount instead waits for the last close, which uploads: see above.)
+#[test]
+fn connection_abort_with_a_writer_is_incomplete_and_names_the_file() {
+    let _fusectl = Fusectl::ensure();
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    fs::create_dir(s.path("d")).unwrap();
+    let mut f = fs::File::create(s.path("d/held")).unwrap();
+    f.write_all(&[5u8; 100_000]).unwrap();
+    let dev = fs::metadata(&s.mnt).unwrap().dev();
+    let abort = format!(
+        "/sys/fs/fuse/connections/{}/abort",
+        nix::sys::stat::minor(dev)
+    );
+    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    let e = s.wait(Duration::from_secs(5));
+    assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
+    assert_eq!(e.code, Some(75), "{e}");
+    let summary = read_summary(&s);
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["d/held"]),
+        "{summary:#}"
+    );
+    assert_eq!(
+        summary["open_paths"],
+        serde_json::json!(["d/held"]),
+        "{summary:#}"
+    );
+    drop(f);
+    s.assert_nothing_left();
+}

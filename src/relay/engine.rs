@@ -137,6 +137,8 @@ pub struct Relay {
     kernel_gone: AtomicBool,
     /// The socket cannot carry a minimal message: the relay answered INIT EIO itself.
     init_failed: AtomicBool,
+    /// Files open for writing when the kernel side of the connection went away.
+    lost_writes: Mutex<Vec<String>>,
     on_event: OnEvent,
 }
 
@@ -214,6 +216,7 @@ impl Relay {
             shut_wr: AtomicBool::new(false),
             kernel_gone: AtomicBool::new(false),
             init_failed: AtomicBool::new(false),
+            lost_writes: Mutex::new(Vec::new()),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);
@@ -276,6 +279,13 @@ impl Relay {
     /// Paths whose FLUSH, FSYNC or RELEASE the daemon failed (uploads that may be missing).
     pub fn failed_flushes(&self) -> Vec<String> {
         self.state.lock().failed_flushes()
+    }
+
+    /// Paths of the files that were open for writing when the kernel side of the connection
+    /// went away (a connection abort): their writers got ENOTCONN, so their data may be
+    /// missing.
+    pub fn lost_writes(&self) -> Vec<String> {
+        self.lost_writes.lock().clone()
     }
 
     /// Counters so far.
@@ -534,10 +544,28 @@ impl Relay {
     fn on_kernel_gone(&self, e: Errno) {
         tracing::info!(error = %e, "relay: the kernel side of the FUSE connection is gone");
         self.kernel_gone.store(true, Ordering::SeqCst);
-        // No RELEASE will ever come: the handles stop counting.
-        let released = self.state.lock().release_all_handles();
+        // No RELEASE will ever come: the handles stop counting. A file still open for writing
+        // lost its connection (an abort: an unmount, even a lazy one, waits for the last
+        // close), so its writer's data may not have been uploaded.
+        let (released, lost) = {
+            let mut s = self.state.lock();
+            let lost: Vec<String> = s
+                .open_paths(usize::MAX)
+                .into_iter()
+                .filter(|(_, mode)| *mode == crate::accounting::HandleMode::Write)
+                .map(|(p, _)| p)
+                .collect();
+            (s.release_all_handles(), lost)
+        };
         if released > 0 {
             tracing::info!(released, "relay: handles the kernel will never release");
+        }
+        if !lost.is_empty() {
+            tracing::warn!(
+                files = ?lost,
+                "relay: the FUSE connection ended with files open for writing: their data may not be uploaded"
+            );
+            self.lost_writes.lock().extend(lost);
         }
         self.stop();
         self.emit(EngineEvent::KernelGone(e));
