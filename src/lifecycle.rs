@@ -441,6 +441,9 @@ pub fn clean_stop(st: &WaitStatus, sent: Signal) -> bool {
     }
 }
 
+/// How many open files and admitted opens a forced teardown names in the summary.
+const OPEN_PATHS_CAP: usize = 100;
+
 /// How long, after the daemon's process has exited, the relay's pump may take to read the
 /// rest of the daemon's replies and its end-of-stream.
 const RELAY_SETTLE: Duration = Duration::from_secs(1);
@@ -1193,8 +1196,16 @@ impl Runner {
                     self.timings.drained_ms = self.ms_since(drained_at);
                     if let Ending::Forced(reason) = ending {
                         let out = self.machine.outstanding_at_force().unwrap_or_default();
-                        self.open_at_force = dp.open_paths(100);
-                        self.opens_at_force = dp.admitted_paths(100);
+                        self.open_at_force = dp.open_paths(OPEN_PATHS_CAP);
+                        self.opens_at_force = dp.admitted_paths(OPEN_PATHS_CAP);
+                        let open = out.open_read + out.open_write + out.open_dirs;
+                        if self.open_at_force.len() == OPEN_PATHS_CAP
+                            && open > OPEN_PATHS_CAP as i64
+                        {
+                            self.notes.push(format!(
+                                "open_paths lists {OPEN_PATHS_CAP} of the {open} handles open at the forced teardown (files open for writing first)"
+                            ));
+                        }
                         if !out.is_drained() {
                             *self.shared.forced.lock().entry(reason).or_default() += 1;
                         }

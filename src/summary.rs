@@ -111,28 +111,55 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Cuts the JSON to fit Kubernetes' termination message: drops path lists first.
+/// Cuts the JSON to fit Kubernetes' termination message (4 KiB): keeps as many of the path
+/// lists' first entries (open paths, admitted opens, failed flushes) as fit, with a note of
+/// how many were left out; only if even empty lists do not fit, the relay's details and the
+/// notes go, and last the text is cut.
 pub fn for_termination_log(s: &Summary) -> String {
     let full = serde_json::to_string(s).unwrap_or_default();
     if full.len() <= TERMINATION_LOG_CAP {
         return full;
     }
-    let mut small = s.clone();
-    let n_open = small.open_paths.len();
-    let n_failed = small.failed_flushes.len();
-    small.open_paths.truncate(3);
-    small.failed_flushes.truncate(3);
-    small.notes.push(format!(
-        "truncated: {n_open} open paths, {n_failed} failed flushes"
-    ));
-    let mut out = serde_json::to_string(&small).unwrap_or_default();
-    if out.len() > TERMINATION_LOG_CAP {
-        small.open_paths.clear();
-        small.failed_flushes.clear();
-        small.notes.truncate(1);
-        out = serde_json::to_string(&small).unwrap_or_default();
-        out.truncate(TERMINATION_LOG_CAP);
+    let cut = |keep: usize| {
+        let mut small = s.clone();
+        let lists = [
+            ("open paths", &mut small.open_paths),
+            ("admitted opens", &mut small.in_flight_opens),
+            ("failed flushes", &mut small.failed_flushes),
+        ];
+        let mut left_out = Vec::new();
+        for (what, list) in lists {
+            if list.len() > keep {
+                left_out.push(format!("{} of {} {what}", list.len() - keep, list.len()));
+                list.truncate(keep);
+            }
+        }
+        if !left_out.is_empty() {
+            small.notes.push(format!(
+                "termination log: left out {} (the summary file and the log have them)",
+                left_out.join(", ")
+            ));
+        }
+        small
+    };
+    let longest = s
+        .open_paths
+        .len()
+        .max(s.in_flight_opens.len())
+        .max(s.failed_flushes.len());
+    let mut keep = longest;
+    while keep > 0 {
+        keep /= 2;
+        let out = serde_json::to_string(&cut(keep)).unwrap_or_default();
+        if out.len() <= TERMINATION_LOG_CAP {
+            return out;
+        }
     }
+    let mut small = cut(0);
+    small.relay = None;
+    small.notes.truncate(1);
+    let mut out = serde_json::to_string(&small).unwrap_or_default();
+    out.truncate(TERMINATION_LOG_CAP);
     out
 }
 
@@ -182,6 +209,14 @@ mod tests {
         assert!(t.len() <= TERMINATION_LOG_CAP);
         let v: serde_json::Value = serde_json::from_str(&t).unwrap();
         assert_eq!(v["exit_code"], 75);
-        assert_eq!(v["open_paths"].as_array().unwrap().len(), 3);
+        let kept = v["open_paths"].as_array().unwrap().len();
+        assert!((3..500).contains(&kept), "kept {kept}");
+        assert!(
+            v["notes"][0]
+                .as_str()
+                .unwrap()
+                .contains(&format!("{} of 500 open paths", 500 - kept)),
+            "{v:#}"
+        );
     }
 }
