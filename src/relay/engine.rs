@@ -169,6 +169,61 @@ struct PumpIo {
     daemon_open: bool,
 }
 
+/// What the pump handled last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handled {
+    /// A kernel request (sent to the daemon, or answered by the relay).
+    Request,
+    /// A daemon message (written to the kernel).
+    Reply,
+}
+
+/// When the pump spins before it sleeps. After a reply went to the kernel it always spins:
+/// the caller's next request usually follows within microseconds. After a request went to the
+/// daemon it spins only while the daemon's replies have been arriving within the spin time: a
+/// daemon that takes longer (an upload, a round trip to the bucket) would only lose CPU time
+/// to the spinning. After two spins in a row that ran out waiting for the daemon, it spins
+/// after a request only on every 16th one, to notice when the daemon is fast again.
+#[derive(Debug, Default)]
+struct SpinPolicy {
+    /// Spins after a request, in a row, that ran out without an event.
+    misses: u32,
+    /// Requests handled (for the periodic retry).
+    requests: u32,
+    /// The last thing handled was a request.
+    after_request: bool,
+}
+
+impl SpinPolicy {
+    /// Spins after a request that run out this many times in a row stop the spinning.
+    const MISSES: u32 = 2;
+    /// With spinning stopped, it is tried again after every this many requests.
+    const RETRY_EVERY: u32 = 16;
+
+    /// Something was handled; `during_spin`: it arrived while the pump was spinning.
+    fn handled(&mut self, what: Handled, during_spin: bool) {
+        if during_spin && self.after_request {
+            self.misses = 0;
+        }
+        self.after_request = what == Handled::Request;
+        if self.after_request {
+            self.requests = self.requests.wrapping_add(1);
+        }
+    }
+
+    /// Whether to spin now, with nothing ready.
+    fn spin_now(&self) -> bool {
+        !self.after_request || self.misses < Self::MISSES || self.requests % Self::RETRY_EVERY == 0
+    }
+
+    /// A spin ran out without an event.
+    fn spun_out(&mut self) {
+        if self.after_request {
+            self.misses = self.misses.saturating_add(1);
+        }
+    }
+}
+
 /// Daemon messages handled before the pump looks at the kernel fd again.
 const BATCH: usize = 16;
 
@@ -411,26 +466,37 @@ impl Relay {
             io.kernel_open = false;
         }
         let mut last_activity = Instant::now();
+        let mut policy = SpinPolicy::default();
+        let mut spinning = false;
         while io.kernel_open || io.daemon_open {
-            let mut progressed = false;
+            let mut last = None;
             // Replies first: each one unblocks a caller.
             for _ in 0..BATCH {
                 if !io.daemon_open || !self.recv_one(&mut io) {
                     break;
                 }
-                progressed = true;
+                last = Some(Handled::Reply);
             }
             if io.kernel_open && self.read_one(&mut io) {
-                progressed = true;
+                last = Some(Handled::Request);
             }
-            if progressed {
+            if let Some(handled) = last {
+                policy.handled(handled, spinning);
+                spinning = false;
                 last_activity = Instant::now();
                 continue;
             }
-            if !self.spin.is_zero() && last_activity.elapsed() < self.spin {
-                std::thread::yield_now();
-                continue;
+            if !self.spin.is_zero() && policy.spin_now() {
+                if last_activity.elapsed() < self.spin {
+                    spinning = true;
+                    std::thread::yield_now();
+                    continue;
+                }
+                if spinning {
+                    policy.spun_out();
+                }
             }
+            spinning = false;
             self.wait_readable(&io, None);
             last_activity = Instant::now();
         }

@@ -527,3 +527,52 @@ fn a_refused_init_is_passed_on_and_reported() {
     assert_eq!(h.event(), EngineEvent::InitRefused(libc::ENOSYS));
     assert_eq!(h.relay.outstanding().in_flight, 0);
 }
+
+#[test]
+fn spin_policy_stops_spinning_on_a_slow_daemon_and_retries() {
+    let mut p = SpinPolicy::default();
+    // After a reply: always spin.
+    p.handled(Handled::Reply, false);
+    assert!(p.spin_now());
+    // Requests whose replies come while spinning: keep spinning.
+    for _ in 0..5 {
+        p.handled(Handled::Request, false);
+        assert!(p.spin_now());
+        p.handled(Handled::Reply, true);
+    }
+    // Two spins after a request run out: stop spinning after requests...
+    for _ in 0..SpinPolicy::MISSES {
+        p.handled(Handled::Request, false);
+        assert!(p.spin_now());
+        p.spun_out();
+        p.handled(Handled::Reply, false);
+    }
+    let mut spun = 0;
+    for _ in 0..(2 * SpinPolicy::RETRY_EVERY) {
+        p.handled(Handled::Request, false);
+        if p.spin_now() {
+            spun += 1;
+            p.spun_out();
+        }
+        p.handled(Handled::Reply, false);
+        // ...but never after replies.
+        assert!(p.spin_now());
+    }
+    assert_eq!(
+        spun,
+        2,
+        "one retry per {} requests",
+        SpinPolicy::RETRY_EVERY
+    );
+    // A retry that catches the reply turns spinning back on.
+    loop {
+        p.handled(Handled::Request, false);
+        if p.spin_now() {
+            break;
+        }
+        p.handled(Handled::Reply, false);
+    }
+    p.handled(Handled::Reply, true);
+    p.handled(Handled::Request, false);
+    assert!(p.spin_now());
+}
