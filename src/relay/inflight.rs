@@ -88,7 +88,8 @@ pub struct Pending {
     nodeid: u64,
     /// What a successful reply does to names.
     names: Option<NameOp>,
-    /// FLUSH, FSYNC, RELEASE: when it was forwarded (the daemon's upload time is measured).
+    /// A FLUSH, FSYNC or RELEASE of a file open for writing ([`Inflight::admit`]'s
+    /// `flushes_write`): when it was forwarded (the daemon's upload time is measured).
     started: Option<Instant>,
     /// Counts the request in the accounting until dropped.
     guard: OwnedOpGuard,
@@ -153,7 +154,7 @@ pub struct Inflight {
     handles: HashMap<(HandleMode, u64), Vec<(HandleGuard, u64)>>,
     /// Paths of the nodeids the kernel knows, for naming open files.
     names: Names,
-    /// Paths whose FLUSH, FSYNC or RELEASE the daemon answered with an error.
+    /// Paths whose FLUSH, FSYNC or RELEASE of a file open for writing failed.
     failed_flushes: Vec<String>,
     stopping: bool,
     daemon_gone: bool,
@@ -306,7 +307,9 @@ impl Inflight {
     /// Looks at a daemon reply before it is written to the kernel: returns the opcode of the
     /// request it answers (`None` for an unknown `unique`), and counts the handle a successful
     /// OPEN/CREATE/OPENDIR reply creates, so that it is known before the kernel can send its
-    /// RELEASE and before the request stops counting.
+    /// RELEASE and before the request stops counting. Also: a failed FLUSH/FSYNC/RELEASE of a
+    /// file open for writing is recorded as a failed flush (ENOSYS aside), the flush's duration
+    /// and the bytes a READ returned are counted, and names are learned ([`Names`]).
     pub fn on_reply(&mut self, unique: u64, error: i32, body: &[u8]) -> Option<Opcode> {
         let Some(p) = self.pending.get_mut(&unique) else {
             self.counters.unknown_replies += 1;
