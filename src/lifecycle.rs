@@ -1048,6 +1048,13 @@ impl Runner {
                     // The relay had answered INIT EIO already: the start failed.
                     self.failed = true;
                 }
+                if let Some(errno) = rp.relay.init_refused() {
+                    self.notes.push(format!(
+                        "the daemon refused INIT: {}",
+                        nix::errno::Errno::from_raw(errno).desc()
+                    ));
+                    return Some(ExitCode::LowerFailed);
+                }
                 // The same outcome rules as a stop after serving (a failed control plane
                 // is 1, a daemon that did not stop cleanly 69).
                 return Some(drain_exit_code(self));
@@ -1477,7 +1484,21 @@ impl Runner {
                     ));
                     LowerStop::Clean
                 }
-                _ => LowerStop::Unclean,
+                _ => {
+                    if let Some(st) = &st {
+                        tracing::warn!(
+                            pid,
+                            status = %procs::describe(st),
+                            "the lower's process did not stop cleanly (not exit 0, not the stop signal{})",
+                            if self.cfg.relay.is_some() { ", not in --eof-exit-codes" } else { "" }
+                        );
+                        self.notes.push(format!(
+                            "the lower's process ended with {}: not a clean stop",
+                            procs::describe(st)
+                        ));
+                    }
+                    LowerStop::Unclean
+                }
             }
         });
         if let Some(st) = st {

@@ -814,3 +814,15 @@ fn connection_abort_with_a_writer_is_incomplete_and_names_the_file() {
     drop(f);
     s.assert_nothing_left();
 }
+
+/// A daemon that refuses INIT is a failed start (69), also when the node driver's SIGTERM
+/// (sent as soon as its statfs fails) races the relay's report of the refusal.
+#[test]
+fn a_daemon_that_refuses_init_is_a_failed_start() {
+    for _ in 0..5 {
+        let mut s = Sidecar::spawn(Daemon::Bucketfs(vec!["--refuse-init".into()]), relay());
+        let e = s.wait(Duration::from_secs(10));
+        assert_eq!(e.code, Some(69), "{e}");
+        s.assert_nothing_left();
+    }
+}

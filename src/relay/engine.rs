@@ -139,6 +139,8 @@ pub struct Relay {
     init_failed: AtomicBool,
     /// Files open for writing when the kernel side of the connection went away.
     lost_writes: Mutex<Vec<String>>,
+    /// The errno the daemon answered INIT with (0: it did not refuse INIT).
+    init_refused: std::sync::atomic::AtomicI32,
     on_event: OnEvent,
 }
 
@@ -272,6 +274,7 @@ impl Relay {
             kernel_gone: AtomicBool::new(false),
             init_failed: AtomicBool::new(false),
             lost_writes: Mutex::new(Vec::new()),
+            init_refused: std::sync::atomic::AtomicI32::new(0),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);
@@ -363,6 +366,11 @@ impl Relay {
     /// minimal message).
     pub fn init_failed(&self) -> bool {
         self.init_failed.load(Ordering::SeqCst)
+    }
+
+    /// The errno the daemon answered the kernel's INIT with, if it refused it.
+    pub fn init_refused(&self) -> Option<i32> {
+        Some(self.init_refused.load(Ordering::SeqCst)).filter(|&e| e != 0)
     }
 
     /// Whether the daemon's end reached EOF.
@@ -610,17 +618,13 @@ impl Relay {
     fn on_kernel_gone(&self, e: Errno) {
         tracing::info!(error = %e, "relay: the kernel side of the FUSE connection is gone");
         self.kernel_gone.store(true, Ordering::SeqCst);
-        // No RELEASE will ever come: the handles stop counting. A file still open for writing
-        // lost its connection (an abort: an unmount, even a lazy one, waits for the last
-        // close), so its writer's data may not have been uploaded.
+        // No RELEASE will ever come: the handles stop counting. A file open for writing with
+        // writes since its last successful FLUSH/FSYNC lost its connection before its close
+        // could upload them (an abort; an unmount, even a lazy one, waits for the last close,
+        // whose FLUSH comes first, though the kernel may drop the RELEASE that follows).
         let (released, lost) = {
             let mut s = self.state.lock();
-            let lost: Vec<String> = s
-                .open_paths(usize::MAX)
-                .into_iter()
-                .filter(|(_, mode)| *mode == crate::accounting::HandleMode::Write)
-                .map(|(p, _)| p)
-                .collect();
+            let lost = s.unsynced_paths();
             (s.release_all_handles(), lost)
         };
         if released > 0 {
@@ -834,6 +838,7 @@ impl Relay {
             self.init_unique.lock().take();
             if h.error != 0 {
                 tracing::error!(errno = -h.error, "relay: the daemon refused INIT");
+                self.init_refused.store(-h.error, Ordering::SeqCst);
                 let r = self.write_kernel(msg);
                 self.finish(h.unique, r);
                 self.emit(EngineEvent::InitRefused(-h.error));

@@ -77,6 +77,25 @@ pub fn accounting_op(op: Opcode) -> Op {
     }
 }
 
+/// One open handle: the guard that counts it, its nodeid, and how many changes it has seen
+/// and a successful FLUSH/FSYNC covered (a FLUSH covers the changes admitted before it).
+#[derive(Debug)]
+struct OpenHandle {
+    _guard: HandleGuard,
+    nodeid: u64,
+    /// Changes admitted (WRITE, FALLOCATE, ...; 1 for a CREATE or an O_TRUNC open).
+    changes: u64,
+    /// Changes a successful FLUSH/FSYNC covered.
+    synced: u64,
+}
+
+impl OpenHandle {
+    /// Changed since its last successful FLUSH/FSYNC.
+    fn unsynced(&self) -> bool {
+        self.changes > self.synced
+    }
+}
+
 /// One request awaiting the daemon's reply.
 #[derive(Debug)]
 pub struct Pending {
@@ -84,6 +103,10 @@ pub struct Pending {
     pub opcode: Opcode,
     /// For OPEN/CREATE/TMPFILE/OPENDIR: the kind of handle a successful reply creates.
     pub opens: Option<HandleMode>,
+    /// The handle it creates starts unsynced (CREATE, TMPFILE, or OPEN with O_TRUNC).
+    opens_dirty: bool,
+    /// FLUSH, FSYNC: the handle it syncs and the changes admitted before it.
+    syncs: Option<(u64, u64)>,
     /// The request's nodeid.
     nodeid: u64,
     /// What a successful reply does to names.
@@ -151,7 +174,7 @@ pub struct Inflight {
     pending: HashMap<u64, Pending>,
     /// (mode, fh) -> one guard and nodeid per open that returned that fh (daemons such as
     /// libfuse's examples return fh 0 for every open).
-    handles: HashMap<(HandleMode, u64), Vec<(HandleGuard, u64)>>,
+    handles: HashMap<(HandleMode, u64), Vec<OpenHandle>>,
     /// Paths of the nodeids the kernel knows, for naming open files.
     names: Names,
     /// Paths whose FLUSH, FSYNC or RELEASE of a file open for writing failed.
@@ -232,6 +255,34 @@ impl Inflight {
             self.counters.door_refused += 1;
             return Admit::Reply(libc::ESHUTDOWN);
         }
+        if let Some(fh) = proto::written_fh(h.opcode, body) {
+            for oh in self
+                .handles
+                .get_mut(&(HandleMode::Write, fh))
+                .into_iter()
+                .flatten()
+            {
+                oh.changes += 1;
+            }
+        }
+        let opens_dirty = matches!(h.opcode, Opcode::Create | Opcode::Tmpfile)
+            || (h.opcode == Opcode::Open
+                && proto::open_flags(body).is_some_and(|f| f as i32 & libc::O_TRUNC != 0));
+        let syncs = match h.opcode {
+            // fuse_flush_in and fuse_fsync_in start with fh.
+            Opcode::Flush | Opcode::Fsync => proto::u64_at(body, 0).map(|fh| {
+                let changes = self
+                    .handles
+                    .get(&(HandleMode::Write, fh))
+                    .into_iter()
+                    .flatten()
+                    .map(|oh| oh.changes)
+                    .max()
+                    .unwrap_or(0);
+                (fh, changes)
+            }),
+            _ => None,
+        };
         let opens = match h.opcode {
             Opcode::Open | Opcode::Create | Opcode::Tmpfile => {
                 let flags = proto::open_flags(body).unwrap_or(0);
@@ -249,6 +300,8 @@ impl Inflight {
             Pending {
                 opcode: h.opcode,
                 opens,
+                opens_dirty,
+                syncs,
                 nodeid: h.nodeid,
                 names: proto::name_op(h.opcode, h.nodeid, body),
                 started: flushes_write.then(Instant::now),
@@ -333,6 +386,16 @@ impl Inflight {
         if p.opcode == Opcode::Read {
             self.acct.bytes_read.fetch_add(body.len() as u64, Relaxed);
         }
+        if let Some((fh, changes)) = p.syncs {
+            for oh in self
+                .handles
+                .get_mut(&(HandleMode::Write, fh))
+                .into_iter()
+                .flatten()
+            {
+                oh.synced = oh.synced.max(changes.min(oh.changes));
+            }
+        }
         let mut nodeid = p.nodeid;
         match &p.names {
             Some(NameOp::Entry { parent, name }) => {
@@ -359,11 +422,13 @@ impl Inflight {
         if let Some(mode) = p.opens
             && let Some(fh) = proto::reply_fh(p.opcode, body)
         {
-            let g = self.acct.handle(mode);
-            self.handles
-                .entry((mode, fh))
-                .or_default()
-                .push((g, nodeid));
+            let oh = OpenHandle {
+                _guard: self.acct.handle(mode),
+                nodeid,
+                changes: u64::from(mode == HandleMode::Write && p.opens_dirty),
+                synced: 0,
+            };
+            self.handles.entry((mode, fh)).or_default().push(oh);
         }
         Some(p.opcode)
     }
@@ -374,13 +439,27 @@ impl Inflight {
         let mut v: Vec<(HandleMode, u64)> = self
             .handles
             .iter()
-            .flat_map(|((mode, _), hs)| hs.iter().map(move |(_, id)| (*mode, *id)))
+            .flat_map(|((mode, _), hs)| hs.iter().map(move |oh| (*mode, oh.nodeid)))
             .collect();
         v.sort_by_key(|(mode, id)| (*mode != HandleMode::Write, *id));
         v.into_iter()
             .take(cap)
             .map(|(mode, id)| (self.names.path(id), mode))
             .collect()
+    }
+
+    /// Paths of the files open for writing that were written (or created or truncated) since
+    /// their last successful FLUSH/FSYNC.
+    pub fn unsynced_paths(&self) -> Vec<String> {
+        let mut ids: Vec<u64> = self
+            .handles
+            .iter()
+            .filter(|((mode, _), _)| *mode == HandleMode::Write)
+            .flat_map(|(_, hs)| hs.iter().filter(|oh| oh.unsynced()).map(|oh| oh.nodeid))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().map(|id| self.names.path(id)).collect()
     }
 
     /// Paths of the OPEN/CREATE requests awaiting the daemon's reply, at most `cap`.
@@ -711,5 +790,48 @@ mod tests {
         );
         assert_eq!(t.s.failed_flushes().len(), 3);
         assert_eq!(t.acct.lower_flush_errors.load(Relaxed), 3);
+    }
+
+    #[test]
+    fn unsynced_files_are_those_changed_since_their_last_flush() {
+        let mut t = T::new();
+        let fh_in = |fh: u64, len: usize| {
+            let mut b = fh.to_le_bytes().to_vec();
+            b.resize(len, 0);
+            b
+        };
+        let names = |t: &T| t.s.unsynced_paths().len();
+        // Opened for writing without O_TRUNC: nothing to sync yet.
+        assert_eq!(t.admit(14, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
+        t.s.on_reply(2, 0, &open_out(7));
+        t.s.complete(2);
+        assert_eq!(names(&t), 0);
+        // A WRITE: unsynced until a FLUSH admitted after it succeeds.
+        t.admit(16, 4, &fh_in(7, 40));
+        t.s.complete(4);
+        assert_eq!(names(&t), 1);
+        t.admit(25, 6, &fh_in(7, 24));
+        // A WRITE admitted while the FLUSH is in flight is not covered by it.
+        t.admit(16, 8, &fh_in(7, 40));
+        t.s.on_reply(6, 0, &[]);
+        t.s.complete(6);
+        assert_eq!(names(&t), 1);
+        // A failed FSYNC covers nothing; a successful one covers everything before it.
+        t.admit(20, 10, &fh_in(7, 16));
+        t.s.on_reply(10, -libc::EIO, &[]);
+        assert_eq!(names(&t), 1);
+        t.admit(20, 12, &fh_in(7, 16));
+        t.s.on_reply(12, 0, &[]);
+        assert_eq!(names(&t), 0);
+        // CREATE starts unsynced.
+        let mut create_in = vec![0u8; 16];
+        create_in[..4].copy_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
+        create_in.extend_from_slice(b"n\0");
+        t.admit(35, 14, &create_in);
+        let mut create_out = vec![0u8; proto::ENTRY_OUT_LEN];
+        create_out[..8].copy_from_slice(&9u64.to_le_bytes());
+        create_out.extend_from_slice(&open_out(8));
+        t.s.on_reply(14, 0, &create_out);
+        assert_eq!(t.s.unsynced_paths(), vec!["n".to_string()]);
     }
 }

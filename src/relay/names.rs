@@ -75,10 +75,12 @@ impl Names {
         }
     }
 
-    /// A successful UNLINK/RMDIR of `name` in `parent`.
+    /// A successful UNLINK/RMDIR of `name` in `parent`. The inode counts as deleted only when
+    /// this was the name it is shown by (a hard link it was seen under later keeps it).
     pub fn unlink(&mut self, parent: u64, name: &[u8]) {
         if let Some(nodeid) = self.by_name.remove(&(parent, Box::from(name)))
             && let Some(e) = self.entries.get_mut(&nodeid)
+            && (e.parent, &*e.name) == (parent, name)
         {
             e.unlinked = true;
         }
@@ -199,6 +201,17 @@ mod tests {
         n.entry(ROOT, b"x", 8);
         assert_eq!(n.path(8), "x");
         assert_eq!(n.path(5), "x (deleted)");
+    }
+
+    #[test]
+    fn unlinking_an_older_hard_link_keeps_the_newer_name() {
+        let mut n = Names::default();
+        n.entry(ROOT, b"c", 4);
+        n.entry(ROOT, b"hl", 4);
+        n.unlink(ROOT, b"c");
+        assert_eq!(n.path(4), "hl");
+        n.unlink(ROOT, b"hl");
+        assert_eq!(n.path(4), "hl (deleted)");
     }
 
     #[test]

@@ -469,6 +469,19 @@ pub fn reply_fh(opcode: Opcode, body: &[u8]) -> Option<u64> {
     }
 }
 
+/// The handle whose file a request changes: WRITE and FALLOCATE (`fh` first), SETATTR with
+/// `FATTR_FH` (`fuse_setattr_in.fh` at 8), COPY_FILE_RANGE (`fh_out` at 24).
+pub fn written_fh(opcode: Opcode, body: &[u8]) -> Option<u64> {
+    /// `FATTR_FH` from `<linux/fuse.h>`.
+    const FATTR_FH: u32 = 1 << 6;
+    match opcode {
+        Opcode::Write | Opcode::Fallocate => u64_at(body, 0),
+        Opcode::Setattr if u32_at(body, 0).is_some_and(|v| v & FATTR_FH != 0) => u64_at(body, 8),
+        Opcode::CopyFileRange => u64_at(body, 24),
+        _ => None,
+    }
+}
+
 /// The byte count of a WRITE request body (`fuse_write_in.size`, after `fh` and `offset`).
 pub fn write_size(body: &[u8]) -> Option<u32> {
     u32_at(body, 16)

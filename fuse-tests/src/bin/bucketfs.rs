@@ -57,9 +57,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL,
-    TimeOrNow, WriteFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use nix::sys::stat::{Mode, fchmod, futimens};
@@ -113,6 +113,11 @@ struct Args {
     /// Uploads of keys containing SUBSTR never return (the FLUSH/FSYNC is never answered).
     #[arg(long, value_name = "SUBSTR")]
     hang_upload: Option<String>,
+
+    /// Answer the kernel's INIT with ENOSYS (a daemon that refuses the connection); on a
+    /// `/dev/fd/N` connection, then keep it open until its end-of-stream and exit.
+    #[arg(long)]
+    refuse_init: bool,
 
     /// Reads of keys containing SUBSTR first sleep `--read-delay` (the worker thread is busy
     /// meanwhile; other workers keep serving).
@@ -329,6 +334,8 @@ struct BucketFs {
     next_fh: AtomicU64,
     /// Counter for unique temp object names.
     next_tmp: AtomicU64,
+    /// `--refuse-init`.
+    refuse_init: bool,
 }
 
 /// Converts an I/O error to the errno the kernel should see.
@@ -461,6 +468,7 @@ impl BucketFs {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
+            refuse_init: false,
         }
     }
 
@@ -800,6 +808,14 @@ impl BucketFs {
 }
 
 impl Filesystem for BucketFs {
+    fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> io::Result<()> {
+        if self.refuse_init {
+            eprintln!("bucketfs: refusing INIT (--refuse-init)");
+            return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let result = (|| {
             if utf8_name(name).is_ok_and(is_hidden) {
@@ -1542,7 +1558,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
         slow_read: args.slow_read.clone(),
         read_delay: args.read_delay,
     };
-    let fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
+    let mut fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
+    fs.refuse_init = args.refuse_init;
     let mut config = Config::default();
     config.acl = SessionACL::All;
     config.n_threads = Some(usize::from(args.threads));
@@ -1581,6 +1598,19 @@ fn run(args: Args) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let result = session.run();
+    if args.refuse_init
+        && let Some(probe) = &probe
+    {
+        // A daemon that refused INIT but keeps its connection open, until its end-of-stream.
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match nix::unistd::read(probe, &mut buf) {
+                Ok(0) => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+    }
     events.log(json!({"event": "unmounted"}));
     let code = match result {
         Ok(()) => ExitCode::SUCCESS,
