@@ -138,13 +138,9 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_LOWER_SIGNAL", value_parser = parse_signal, default_value = "SIGINT", help_heading = HEADING_LOWER)]
     pub lower_signal: nix::sys::signal::Signal,
 
-    /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
-    #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
-    pub exit_files: Vec<PathBuf>,
-
-    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
-    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
-    pub watch_pid: Option<i32>,
+    /// Shutdown triggers besides signals.
+    #[command(flatten)]
+    pub triggers: TriggerArgs,
 
     /// drainfs runs as a native sidecar: SIGTERM means every workload container has exited, so
     /// admission closes at once. Also set by `NATIVE_SIDECAR=TRUE`.
@@ -253,6 +249,18 @@ fn grace_margin(grace_period: Duration, margin: Option<Duration>) -> Duration {
     })
 }
 
+/// Shutdown triggers besides signals, shared by `run` and `relay`.
+#[derive(Debug, Args)]
+pub struct TriggerArgs {
+    /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
+    #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
+    pub exit_files: Vec<PathBuf>,
+
+    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
+    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
+    pub watch_pid: Option<i32>,
+}
+
 /// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
 #[derive(Debug, Args)]
 pub struct RelayOptArgs {
@@ -354,13 +362,9 @@ pub struct RelayArgs {
     #[command(flatten)]
     pub relay_opts: RelayOptArgs,
 
-    /// Shutdown trigger: this file appearing (repeatable; a file present at start counts).
-    #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
-    pub exit_files: Vec<PathBuf>,
-
-    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
-    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
-    pub watch_pid: Option<i32>,
+    /// Shutdown triggers besides signals.
+    #[command(flatten)]
+    pub triggers: TriggerArgs,
 
     /// Accepted for symmetry with `run`: in relay mode SIGTERM always means the workload is gone.
     #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
@@ -401,8 +405,8 @@ impl RelayArgs {
                 lower_process: LowerProcess::Spawn { argv: self.command },
                 lower_ready_timeout: Duration::ZERO,
                 lower_signal: nix::sys::signal::Signal::SIGTERM,
-                exit_files: self.exit_files,
-                watch_pid: self.watch_pid,
+                exit_files: self.triggers.exit_files,
+                watch_pid: self.triggers.watch_pid,
                 native_sidecar: true,
                 quiet_period: Duration::ZERO,
                 grace_period: self.grace_period,
@@ -530,8 +534,8 @@ impl RunArgs {
                 lower_process,
                 lower_ready_timeout: self.lower_ready_timeout,
                 lower_signal: self.lower_signal,
-                exit_files: self.exit_files,
-                watch_pid: self.watch_pid,
+                exit_files: self.triggers.exit_files,
+                watch_pid: self.triggers.watch_pid,
                 native_sidecar: self.native_sidecar || native_env,
                 quiet_period: self.quiet_period,
                 grace_period: self.grace_period,

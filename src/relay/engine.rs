@@ -505,40 +505,40 @@ impl Relay {
                 }
             }
             spinning = false;
-            self.wait_readable(&io, None);
+            self.wait_readable(&io);
             last_activity = Instant::now();
         }
     }
 
-    /// Blocks until the kernel fd (while open) or the socket (while open) is readable, or
-    /// `timeout` passes. Returns the socket's poll result (readable, writable).
-    fn wait_readable(&self, io: &PumpIo, timeout: Option<(Duration, bool)>) -> (bool, bool) {
+    /// Blocks until the kernel fd (while open) or the socket (while open) is readable.
+    fn wait_readable(&self, io: &PumpIo) {
         let mut fds = Vec::with_capacity(2);
         if io.daemon_open {
-            let mut ev = PollFlags::POLLIN;
-            if timeout.is_some_and(|(_, want_out)| want_out) {
-                ev |= PollFlags::POLLOUT;
-            }
-            fds.push(PollFd::new(self.sock.as_fd(), ev));
+            fds.push(PollFd::new(self.sock.as_fd(), PollFlags::POLLIN));
         }
-        if io.kernel_open && timeout.is_none() {
+        if io.kernel_open {
             fds.push(PollFd::new(self.kernel.as_fd(), PollFlags::POLLIN));
         }
-        let t = match timeout {
-            None => PollTimeout::NONE,
-            Some((d, _)) => PollTimeout::try_from(d.as_millis().clamp(1, 60_000) as i32)
-                .unwrap_or(PollTimeout::MAX),
-        };
-        match poll(&mut fds, t) {
-            Ok(_) if io.daemon_open => {
-                let r = fds[0].revents().unwrap_or(PollFlags::empty());
-                (
-                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
-                    r.contains(PollFlags::POLLOUT),
-                )
-            }
-            _ => (false, false),
+        let _ = poll(&mut fds, PollTimeout::NONE);
+    }
+
+    /// Waits at most `timeout` (whole milliseconds, at least 1) for the socket to become
+    /// readable or writable. Returns (readable, writable); readable includes HUP and ERR.
+    fn wait_socket(&self, timeout: Duration) -> (bool, bool) {
+        let mut fds = [PollFd::new(
+            self.sock.as_fd(),
+            PollFlags::POLLIN | PollFlags::POLLOUT,
+        )];
+        let t = PollTimeout::try_from(timeout.as_millis().clamp(1, 60_000) as i32)
+            .unwrap_or(PollTimeout::MAX);
+        if poll(&mut fds, t).is_err() {
+            return (false, false);
         }
+        let r = fds[0].revents().unwrap_or(PollFlags::empty());
+        (
+            r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
+            r.contains(PollFlags::POLLOUT),
+        )
     }
 
     /// Reads one kernel request if one is ready and handles it. Returns whether one was read.
@@ -755,7 +755,7 @@ impl Relay {
                     if started.elapsed() >= SEND_RETRY_BUDGET {
                         return Err(e);
                     }
-                    let (readable, writable) = self.wait_readable(io, Some((backoff, true)));
+                    let (readable, writable) = self.wait_socket(backoff);
                     if readable {
                         while io.daemon_open && self.recv_one(io) {}
                         if !io.daemon_open {
