@@ -105,7 +105,7 @@ PHASES = [
     ("door_closed_ms", "door closed", "new opens and creates refused (ESHUTDOWN); open files go on"),
     ("drained_ms", "drained", "nothing in flight, every open file closed, i.e. uploaded"),
     ("unmounted_ms", "unmounted", "drainfs's mount removed"),
-    ("lower_exited_ms", "lower exited", "rclone (the gcsfuse stand-in) stopped after SIGINT"),
+    ("lower_exited_ms", "lower exited", "gcsfuse stopped after the SIGINT drainfs sent it (it unmounts and exits)"),
     ("exit_ms", "exit", "drainfs exits"),
 ]
 
@@ -127,8 +127,8 @@ def summary(path: str) -> None:
           f"flushes (uploads inside close()), {c.get('lower_flush_errors', 0)} failed, "
           f"{human(c.get('bytes_written', 0))} written")
     lower = s.get("lower_exit")
-    print(f"  rclone: {lower}" + (" (128 + SIGINT: rclone's normal exit after the SIGINT "
-                                  "drainfs sent it)" if lower == "exit 130" else ""))
+    print(f"  gcsfuse: {lower}" + (" (gcsfuse unmounted and exited 0 after drainfs's SIGINT)"
+                                   if lower == "exit 0" else ""))
     print("  full summary:")
     for k, v in s.items():
         print(f"    {k}: {json.dumps(v)}")
