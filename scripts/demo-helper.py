@@ -6,6 +6,8 @@ Standard library only. Subcommands (all paths absolute):
   gen SRC BIG_MIB           write the input tree under SRC/job/ and SRC/expected.json
                             ({"key": {"size": N, "sha256": "hex"}}; key = path under SRC)
   summary FILE              print drainfs's JSON shutdown summary for a newcomer
+  count EXPECTED OBJECTS.json
+                            "N/M complete" (and how many are missing or differ), one line
   table EXPECTED LABEL=OBJECTS.json ...
                             per-object table (size, complete and sha256-equal?) for each run,
                             from `lowers.py objects` output, i.e. read from the server
@@ -197,7 +199,23 @@ def table(expected_path: str, runs: list[str]) -> int:
     return bad_runs
 
 
+def count(expected_path: str, objects_path: str) -> None:
+    with open(expected_path) as f:
+        expected = json.load(f)
+    with open(objects_path) as f:
+        objs = json.load(f)
+    vs = [verdict(want, objs.get(k)) for k, want in expected.items()]
+    line = f"{vs.count('ok')}/{len(vs)} complete"
+    bad = len(vs) - vs.count("ok")
+    if bad:
+        line += f" ({bad} missing or different)"
+    print(line)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "count":
+        count(argv[1], argv[2])
+        return 0
     if len(argv) >= 3 and argv[0] == "gen":
         gen(argv[1], int(argv[2]))
         return 0

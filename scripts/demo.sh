@@ -5,6 +5,16 @@
 #   scripts/demo.sh --with-drainfs     with drainfs only
 #   scripts/demo.sh --without-drainfs  the same workload on the bare FUSE client, stopped the way
 #                                      GKE's sidecar stops gcsfuse today
+#   scripts/demo.sh --managed          only the second act: GKE's managed sidecar, stock vs relay
+#
+# Second act (also run by default): the managed-sidecar arrangement. fake-node-driver (the test
+# suite's stand-in for GKE's CSI node driver) mounts a volume with fd=N and hands the fd over the
+# sidecar's unix socket to the REAL sidecar mounter, which runs as uid 65534 with no capabilities
+# and execs `--gcsfuse-path`: stock (the real gcsfuse) or the relay (drainfs as the gcsfuse
+# drop-in, the real gcsfuse behind it). The workload runs and exits; then the stop comes the
+# GKE way: SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE), or the exit file the sidecar polls
+# every 5 s (a regular sidecar container). Printed side by side: time from the stop to the
+# sidecar's exit, the objects in the bucket, gcsfuse's end, the lines of the sidecar's error file.
 #
 # Run as root on Debian with the Rust and Go toolchains. It installs what it needs
 # (scripts/install-lowers.sh: fuse3, the real gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4
@@ -38,7 +48,7 @@ BIG_MIB="${DEMO_BIG_MIB:-200}"
 SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
 
 usage() {
-    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 MODE=compare
@@ -46,6 +56,7 @@ case "${1:-}" in
     "" | --compare) ;;
     --with-drainfs) MODE=with ;;
     --without-drainfs) MODE=without ;;
+    --managed) MODE=managed ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
 esac
@@ -132,6 +143,7 @@ wait_in_close() {
 
 WORK=""
 DF_PID=""      # drainfs
+ND_PID=""      # fake-node-driver (second act)
 RC_PID=""      # gcsfuse started directly (run without drainfs)
 APP_PID=""     # the application's last cp
 RUN_DIRS=()    # lowers.py work dirs (their servers)
@@ -151,6 +163,7 @@ cleanup() {
         stop_pid "$DF_PID" 5
     fi
     stop_pid "$RC_PID" 3
+    stop_pid "$ND_PID" 40
     [ -n "$APP_PID" ] && wait "$APP_PID" 2>/dev/null
     for m in "${MOUNTS[@]}"; do
         if mounted "$m"; then
@@ -210,7 +223,8 @@ step_ok "$("${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin/gcsfuse" --version |
 
 step_start "building drainfs (cargo build --release)"
 BUILD_LOG="$(mktemp "${TMPDIR:-/tmp}/drainfs-demo-build.XXXXXX")"
-if ! (cd "$REPO" && cargo build --release --locked -p drainfs --bin drainfs) >"$BUILD_LOG" 2>&1; then
+if ! (cd "$REPO" && cargo build --release --locked -p drainfs --bin drainfs \
+    && cargo build --release --locked -p fuse-tests --bin fake-node-driver) >"$BUILD_LOG" 2>&1; then
     say "FAILED"
     tail -n 40 "$BUILD_LOG" >&2
     rm -f "$BUILD_LOG"
@@ -221,6 +235,8 @@ TARGET_DIR="$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 DRAINFS="$TARGET_DIR/release/drainfs"
 [ -x "$DRAINFS" ] || die "$DRAINFS not found after the build"
+NODE_DRIVER="$TARGET_DIR/release/fake-node-driver"
+LOWERS_BIN="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin"
 step_ok
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/drainfs-demo.XXXXXX")"
@@ -513,18 +529,116 @@ run_without_drainfs() {
     [ "$killed" = no ] || WITHOUT_LOWER="was SIGKILLed ${SIDECAR_KILL_AFTER_S} s after SIGTERM"
 }
 
+
+# ---------------------------------------------------------------- second act: GKE's managed sidecar
+
+# managed_run NAME STOP GCSFUSE: one run through the real sidecar mounter. STOP: native |
+# exit-file; GCSFUSE: stock | relay. Appends a row to MANAGED_ROWS.
+MANAGED_ROWS=()
+managed_run() {
+    local name="$1" stop="$2" how="$3" d="$WORK/managed-$1" port opts=() gpath env=() end
+    local t_trig t_exit="" nd_rc=0 sc_exit gc_exit errs objs
+    mkdir -p "$d"
+    chmod 755 "$d"
+    start_server "$d" >/dev/null
+    port="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["servers"]["gcsfuse"]["port"])' "$d/lowers-state.json")"
+    local mnt="$d/mnt" base="$d/volumes" var="$d/var"
+    mkdir -p "$mnt" "$var"
+    chown 65534:65534 "$var"
+    # Its stdin stays open (fake-node-driver takes EOF on stdin as a stop): fd 7, a FIFO held here.
+    mkfifo "$d/stdin"
+    exec 7<>"$d/stdin"
+    MOUNTS+=("$mnt")
+    # The mount options a user writes in the volume's mountOptions (REAL-PEERS.md §2.2, §4.3).
+    for o in "custom-endpoint=http://localhost:$port/storage/v1/" anonymous-access enable-hns=false \
+        enable-atomic-rename-object=false disable-autoconfig implicit-dirs \
+        disable-metrics-for-gke:true logging:format:text; do
+        opts+=("--mount-option=$o")
+    done
+    if [ "$how" = relay ]; then
+        mkdir -p "$d/dropin"
+        ln -sfn "$DRAINFS" "$d/dropin/gcsfuse"   # drainfs runs as the gcsfuse drop-in by its name
+        gpath="$d/dropin/gcsfuse"
+        env=(DRAINFS_REAL_GCSFUSE="$LOWERS_BIN/gcsfuse" DRAINFS_SUMMARY_FILE="$var/summary.json"
+            DRAINFS_SOCKET_BUFFER=212992)
+    else
+        gpath="$LOWERS_BIN/gcsfuse"
+    fi
+    env "${env[@]}" "$NODE_DRIVER" --mountpoint "$mnt" --volume-base-path "$base" \
+        --volume-name "vol-$name" --bucket drainfs-test --stop "$stop" --grace-period 30s \
+        "${opts[@]}" -- "$LOWERS_BIN/gcs-fuse-csi-driver-sidecar-mounter" --v=5 \
+        "--gcsfuse-path=$gpath" >"$d/node-driver.out" 2>"$d/node-driver.log" <&7 7>&- &
+    ND_PID=$!
+    end=$(($(now_ms) + 60000))
+    until grep -qx ready "$d/node-driver.out" 2>/dev/null; do
+        alive "$ND_PID" || { tail -n 30 "$d/node-driver.log" >&2; die "the sidecar did not mount ($name)"; }
+        [ "$(now_ms)" -lt "$end" ] || { tail -n 30 "$d/node-driver.log" >&2; die "the sidecar not ready after 60 s ($name)"; }
+        sleep 0.05
+    done
+    : >"$d/app.log"
+    workload "$mnt" "$d/app.log" >/dev/null
+    cp "$SRC/$BIG_REL" "$mnt/$BIG_REL" 2>>"$d/app.log" || true
+    # The workload has exited: the kubelet (native) or the node driver (exit file) stops the sidecar.
+    kill -TERM "$ND_PID"
+    t_trig=$(now_ms)
+    wait "$ND_PID" || nd_rc=$?
+    ND_PID=""
+    exec 7>&-
+    sc_exit="$(sed -n 's/^sidecar exit: //p' "$d/node-driver.out" | tail -n 1)"
+    gc_exit="$(sed -n 's/^gcsfuse exit: //p' "$d/node-driver.out" | tail -n 1)"
+    errs="$(grep -c '^error file: ' "$d/node-driver.out" || true)"
+    fetch_objects "$d" "$d/objects.json"
+    objs="$(python3 "$HELPER" count "$SRC/expected.json" "$d/objects.json")"
+    python3 "$LOWERS" stop --workdir "$d" >/dev/null
+    local outcome="-"
+    if [ -s "$var/summary.json" ]; then
+        outcome="$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["exit_code"], s["outcome"])' "$var/summary.json")"
+    fi
+    MANAGED_ROWS+=("$name|$stop|${sc_exit:-?}|$objs|${gc_exit:-?}|$errs|$outcome")
+    printf '  %-22s sidecar exit: %s; gcsfuse: %s; error file: %s line(s)\n' "$name" "${sc_exit:-?}" "${gc_exit:-?}" "$errs"
+    if [ "$errs" != 0 ]; then
+        grep '^error file: ' "$d/node-driver.out" | head -n 3 | sed 's/^/      /'
+    fi
+}
+
+run_managed() {
+    say ""
+    say "=== Second act: GKE's managed sidecar (the real sidecar mounter v1.24.4, uid 65534, no capabilities)"
+    say "  the node-driver stand-in mounts the volume with fd=N and hands the fd over the sidecar's socket;"
+    say "  the sidecar mounter execs --gcsfuse-path: stock = gcsfuse, relay = drainfs as the gcsfuse drop-in"
+    say "  (real gcsfuse behind it). The workload runs to its end, then the stop comes the GKE way."
+    managed_run stock-native native stock
+    managed_run relay-native native relay
+    managed_run stock-exit-file exit-file stock
+    managed_run relay-exit-file exit-file relay
+    say ""
+    printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' run stop "stop -> sidecar exit" objects "gcsfuse's end" errors "drainfs"
+    local r
+    for r in "${MANAGED_ROWS[@]}"; do
+        IFS='|' read -r a b c e f g h <<<"$r"
+        printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' "$a" "$b" "$c" "$e" "$f" "$g" "$h"
+    done
+    say "  (stop: native = SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE); exit-file = <base>/exit, polled"
+    say "   every 5 s. The sidecar mounter SIGKILLs its child 5 s after its SIGTERM. errors: lines in the"
+    say "   sidecar's error file, which the node driver reports as mount errors. drainfs: its exit code)"
+}
+
 # ---------------------------------------------------------------- go
 
 say ""
-say "The stop arrives at the same moment in every run: while the application is inside close()"
-say "of its last file ($BIG_REL), whose upload is being finalized."
+if [ "$MODE" != managed ]; then
+    say "The stop arrives at the same moment in every run: while the application is inside close()"
+    say "of its last file ($BIG_REL), whose upload is being finalized."
+fi
 
 case "$MODE" in
     with) run_with_drainfs ;;
     without) run_without_drainfs ;;
     compare) run_with_drainfs; run_without_drainfs ;;
+    managed) run_managed ;;
 esac
 
+if [ "$MODE" != managed ]; then
 say ""
 say "=== Objects in the bucket, read back from fake-gcs-server and compared with the source (sha256)"
 say ""
@@ -545,6 +659,8 @@ fi
 if [ "$MODE" = with ]; then
     say "(scripts/demo.sh with no option also runs the same workload without drainfs, stopped as GKE does)"
 fi
+fi
+[ "$MODE" = compare ] && run_managed
 say ""
 if [ "${DEMO_KEEP:-0}" = 1 ]; then
     say "cleaning up: stopping every process this demo started, unmounting (keeping $WORK)"
