@@ -600,7 +600,10 @@ fn a_mapping_written_after_close_that_fails_to_upload_is_a_failed_flush(mode: &s
             .any(|f| f.as_str().is_some_and(|f| f.contains("mapfail"))),
         "summary: {sum}"
     );
-    assert_eq!(fs::read(s.bucket.join("mapfail")).unwrap(), vec![b'o'; 4096]);
+    assert_eq!(
+        fs::read(s.bucket.join("mapfail")).unwrap(),
+        vec![b'o'; 4096]
+    );
 }
 
 mod a_mapping_written_after_close_reaches_the_bucket {

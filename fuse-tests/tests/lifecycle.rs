@@ -1076,6 +1076,9 @@ fn a_slow_read_neither_holds_the_drain_nor_makes_it_incomplete() {
     );
     // The reader's read was cut off (an error), or answered if the lower got there first.
     let _ = reader.join().unwrap();
-    assert_eq!(std::fs::read(s.bucket.join("slow.bin")).unwrap(), vec![7u8; 8192]);
+    assert_eq!(
+        std::fs::read(s.bucket.join("slow.bin")).unwrap(),
+        vec![7u8; 8192]
+    );
     s.assert_nothing_mounted();
 }

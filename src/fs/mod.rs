@@ -157,6 +157,9 @@ impl Drop for Admitted<'_> {
 /// and at most a quarter of the fd budget.
 pub const LINGER_CAP: usize = 256;
 
+/// A released passthrough writer's inode and lower fd, kept until its close ([`Fs::release`]).
+type Lingering = (Arc<Inode>, Arc<OwnedFd>);
+
 /// Configuration of the core (the subset of [`crate::config::FsConfig`] it needs).
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -178,7 +181,7 @@ pub struct Fs {
     /// bounded by [`LINGER_CAP`]: their close (a FLUSH on the lower) is deferred to eviction
     /// or the teardown, so that writes through a mapping that outlives the release reach the
     /// bucket (see [`Fs::release`]). A leaf lock.
-    lingering: Mutex<lru::LruCache<u64, (Arc<Inode>, Arc<OwnedFd>)>>,
+    lingering: Mutex<lru::LruCache<u64, Lingering>>,
     /// Admitted opens and creates in flight: token -> (nodeid, name under it), for naming
     /// them in the summary of a forced teardown. A leaf lock.
     admitted: Mutex<HashMap<u64, (u64, Option<OsString>)>>,
