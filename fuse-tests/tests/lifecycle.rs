@@ -833,10 +833,16 @@ fn randomized_stops_never_lose_a_closed_file() {
 /// drainfs holds the mount, and drainfs unmounts only once the refusals have stopped for the
 /// quiet period, so no later write lands in the directory underneath (the volume) where it
 /// would never reach the bucket.
+/// A writer still at work after the door closed (its creates arrive after the close and are
+/// refused) keeps the mount until it stops, so nothing lands in the directory underneath. A
+/// file held open for writing across the trigger keeps the drain going while the writer's
+/// creates arrive (without it, a mount whose last request came before the close is torn down
+/// at once, and a writer's next create could come after drainfs has gone).
 #[test]
 fn refused_writers_keep_the_mount_until_they_stop() {
     use std::os::fd::IntoRawFd;
     let mut s = stack(&["--quiet-period", "300ms"], &[], true);
+    let mut held = std::fs::File::create(s.m.path("held")).unwrap();
     let mnt = s.m.mnt.clone();
     let writer = std::thread::spawn(move || {
         let (mut closed, mut refused) = (Vec::new(), 0);
@@ -863,10 +869,14 @@ fn refused_writers_keep_the_mount_until_they_stop() {
     });
     std::thread::sleep(Duration::from_millis(300));
     s.touch_exit_file();
+    std::thread::sleep(Duration::from_millis(300));
+    held.write_all(b"held").unwrap();
+    drop(held);
     let code = s.wait_exit(Duration::from_secs(20));
     let (closed, refused) = writer.join().unwrap();
     assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
     assert!(refused > 0, "the door never refused the writer");
+    assert_eq!(std::fs::read(s.bucket.join("held")).unwrap(), b"held");
     for name in &closed {
         assert_eq!(
             std::fs::read(s.bucket.join(name)).unwrap_or_default(),
