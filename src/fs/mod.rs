@@ -28,8 +28,8 @@
 //!    privilege-bit clearing of an open (both syscalls on that inode only), never while
 //!    holding another lock;
 //! 5. the leaves: the handle table (`HandleTable::map`), the O_PATH cache (`Fs::fd_cache`),
-//!    the root fd, the admitted list, the failed-flush list, a directory stream (held across
-//!    `getdents64`).
+//!    the root fd, the admitted list, the failed-flush list, the lingering fds of released
+//!    passthrough writers (`Fs::lingering`), a directory stream (held across `getdents64`).
 //!
 //! Fds and inodes leave a lock as cloned `Arc`s; a syscall never runs under the store, table
 //! or cache locks.
