@@ -23,6 +23,14 @@ fn main() {
         ];
         args.extend(rest);
     }
+    // Malformed `DRAINFS_*` values are start-up errors naming the variable, not defaults.
+    let problems = drainfs::cli::env_problems(&args);
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("drainfs: error: {p}");
+        }
+        std::process::exit(drainfs::drain::ExitCode::Usage.code());
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -36,8 +44,15 @@ fn main() {
     };
     let code = match cli.command {
         Command::Run(args) => {
-            let native = std::env::var("NATIVE_SIDECAR").ok();
-            drainfs::run::main(args.into_config(native.as_deref()), drainfs::admin::start)
+            let native =
+                std::env::var_os("NATIVE_SIDECAR").map(|v| v.to_string_lossy().into_owned());
+            match args.into_config(native.as_deref()) {
+                Ok(cfg) => drainfs::run::main(cfg, drainfs::admin::start),
+                Err(e) => {
+                    eprintln!("drainfs: error: {e}");
+                    drainfs::drain::ExitCode::Usage.code()
+                }
+            }
         }
         Command::Relay(args) => drainfs::run::main(args.into_config(), drainfs::admin::start),
         other => drainfs::control::client(other),
