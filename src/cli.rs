@@ -194,7 +194,9 @@ pub struct OutputArgs {
     #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
     pub summary_file: Option<PathBuf>,
 
-    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`).
+    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`);
+    /// a clean summary does not replace one with a non-zero exit code already there. `relay`
+    /// writes `/dev/termination-log` by default when it exists and is writable.
     #[arg(long, env = "DRAINFS_TERMINATION_LOG", help_heading = HEADING_SHUTDOWN)]
     pub termination_log: Option<PathBuf>,
 
@@ -400,7 +402,8 @@ pub struct RelayArgs {
 
 impl RelayArgs {
     /// Converts the parsed arguments into the run configuration of a relay over an inherited
-    /// connection (SIGTERM always means the workload is gone).
+    /// connection (SIGTERM always means the workload is gone). Without `--termination-log`,
+    /// the summary goes to `/dev/termination-log` when this process may write it.
     pub fn into_config(self) -> RunConfig {
         let grace_margin = grace_margin(self.grace_period, self.grace_margin);
         RunConfig {
@@ -421,7 +424,11 @@ impl RelayArgs {
                 grace_period: self.grace_period,
                 grace_margin,
                 summary_file: self.out.summary_file.clone(),
-                termination_log: self.out.termination_log.clone(),
+                termination_log: self
+                    .out
+                    .termination_log
+                    .clone()
+                    .or_else(crate::summary::default_termination_log),
                 ready_file: self.out.ready_file.clone(),
             },
             admin: self.out.admin_config(),
