@@ -15,7 +15,7 @@ use crate::mount;
 ///
 /// Passthrough mount (`run`): `--lower` and `--mountpoint` exist, are directories, are not
 /// live FUSE mounts and do not contain each other; `/dev/fuse` opens read-write and
-/// `fusermount3` is on `PATH`; the lower's command exists, and when it is gcsfuse it has
+/// `fusermount3` is on `PATH` (needed without CAP_SYS_ADMIN only); the lower's command exists, and when it is gcsfuse it has
 /// `--foreground` and mounts at `--lower` (its last argument); any other command names
 /// `--lower` among its arguments.
 ///
@@ -98,8 +98,11 @@ fn mount_problems(cfg: &RunConfig, out: &mut Vec<String>) {
         }
     }
     dev_fuse_problem(out);
-    if mount::which("fusermount3").is_none() {
-        out.push("fusermount3 not found on PATH; install fuse3 (apt-get install fuse3)".into());
+    if mount::which("fusermount3").is_none() && !crate::fuse::has_cap_sys_admin() {
+        out.push(
+            "fusermount3 not found on PATH and no CAP_SYS_ADMIN; install fuse3 (apt-get install fuse3)"
+                .into(),
+        );
     }
     if let LowerProcess::Spawn { argv } = &cfg.lifecycle.lower_process {
         let args: Vec<String> = argv

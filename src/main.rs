@@ -13,6 +13,17 @@ fn main() {
         let real =
             std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
         let rest = args.split_off(1);
+        // `gcsfuse --version` / `--help` (no connection to relay): the real gcsfuse answers.
+        if let [only] = rest.as_slice()
+            && ["--version", "-v", "version", "--help", "-h", "help"]
+                .iter()
+                .any(|a| only == *a)
+        {
+            use std::os::unix::process::CommandExt;
+            let e = std::process::Command::new(&real).arg(only).exec();
+            eprintln!("drainfs: error: cannot run {}: {e}", real.to_string_lossy());
+            std::process::exit(drainfs::drain::ExitCode::LowerFailed.code());
+        }
         // Logs to stdout: the CSI sidecar turns anything on gcsfuse's stderr into mount errors.
         args = vec![
             "drainfs".into(),
