@@ -16,6 +16,12 @@ command -v fio >/dev/null || need_apt+=(fio)
 command -v python3 >/dev/null || need_apt+=(python3)
 # A libfuse 3 daemon that serves /dev/fd/N, for the relay tests (fuse-tests/tests/relay.rs).
 command -v fuse-overlayfs >/dev/null || need_apt+=(fuse-overlayfs)
+# The images: built without a Docker engine (umoci, skopeo) and run in runc in the pod's shape;
+# promtool checks the alert rules.
+command -v umoci >/dev/null || need_apt+=(umoci)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
+command -v runc >/dev/null || need_apt+=(runc)
+command -v promtool >/dev/null || need_apt+=(prometheus)
 if ((${#need_apt[@]})); then
   step "apt-get install ${need_apt[*]}"
   apt-get update -qq
@@ -62,6 +68,11 @@ RUSTFLAGS="--cfg drainfs_loom" cargo test --lib --locked --target-dir target/loo
 
 step "Kubernetes manifests and Dockerfile (offline)"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
+
+step "images: static drainfs, OCI archives (umoci, skopeo), run in runc in the pod's shape"
+bash docker/image/build.sh
+bash docker/image/static-root-test.sh
+python3 docker/image/run-test.py
 
 step "benchmark harness, smoke mode"
 bash fuse-tests/bench/run.sh --smoke

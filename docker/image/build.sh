@@ -69,7 +69,6 @@ install -m 0644 "$here/passwd" "$here/group" "$out/dist/"
 
 umoci init --layout "$out/oci"
 labels=(
-  --config.label "org.opencontainers.image.source=https://github.com/drainfs/drainfs"
   --config.label "org.opencontainers.image.licenses=Apache-2.0"
   --config.label "org.opencontainers.image.version=$version"
 )
