@@ -341,7 +341,8 @@ def setting(entry: dict, flag: str, env_name: str) -> str | None:
 
 
 def is_true(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on", "y")
+    # As Go's strconv.ParseBool (and drainfs) read it.
+    return value is not None and value in ("1", "t", "T", "TRUE", "true", "True")
 
 
 def find_pod_spec(manifest: str, obj: str) -> dict:
