@@ -356,6 +356,38 @@ mod tests {
         assert!(m.contains("failed flushes: /out/bad.csv"), "{m}");
     }
 
+    /// The published schema (docker/monitoring/summary.schema.json) names every field the
+    /// summary has, and requires every field it always has.
+    #[test]
+    fn the_published_schema_matches_the_summary() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../docker/monitoring/summary.schema.json")).unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let v = serde_json::to_value(summary(75, &["/a"])).unwrap();
+        let obj = v.as_object().unwrap();
+        for k in obj.keys() {
+            assert!(props.contains_key(k), "{k} is not in the schema");
+        }
+        for k in &required {
+            assert!(
+                obj.contains_key(*k),
+                "the schema requires {k}, the summary lacks it"
+            );
+        }
+        for (section, value) in [("timings", &v["timings"]), ("counts", &v["counts"])] {
+            let known = props[section]["properties"].as_object().unwrap();
+            for k in value.as_object().unwrap().keys() {
+                assert!(known.contains_key(k), "{section}.{k} is not in the schema");
+            }
+        }
+    }
+
     #[test]
     fn termination_log_fits_in_4k() {
         let s = Summary {

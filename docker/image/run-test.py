@@ -268,6 +268,16 @@ def workload(vol, open_during_term, term):
     return files, refused
 
 
+def schema_errors(doc):
+    """Where `doc` breaks the published summary schema (jsonschema: in the manifest linters'
+    virtualenv, which docker/check.sh installs)."""
+    import jsonschema
+    with open(os.path.join(REPO, "docker", "monitoring", "summary.schema.json")) as f:
+        schema = json.load(f)
+    v = jsonschema.Draft202012Validator(schema)
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in v.iter_errors(doc)]
+
+
 def check_outcome(name, c, t_term, code, term_log, port, files, refused, within):
     elapsed = time.monotonic() - t_term
     check(code is not None, f"{name}: the container exited ({c.name})")
@@ -286,6 +296,7 @@ def check_outcome(name, c, t_term, code, term_log, port, files, refused, within)
         summary = {}
     check(summary.get("exit_code") == 0 and summary.get("outcome") == "clean",
           f"{name}: termination message is a clean drainfs summary ({text[:200]!r})")
+    check(schema_errors(summary) == [], f"{name}: the summary matches docker/monitoring/summary.schema.json {schema_errors(summary)}")
     got = objects(port)
     check(sorted(got) == sorted(files), f"{name}: the bucket holds exactly the files written ({sorted(got)})")
     for k, v in files.items():
