@@ -69,6 +69,9 @@ RUSTFLAGS="--cfg drainfs_loom" cargo test --lib --locked --target-dir target/loo
 step "Kubernetes manifests and Dockerfile (offline)"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
 
+step "monitoring: alert rules and their tests (promtool), dashboard expressions, metric names"
+DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/monitoring/check.sh
+
 step "images: static drainfs, OCI archives (umoci, skopeo), run in runc in the pod's shape"
 bash docker/image/build.sh
 bash docker/image/static-root-test.sh
