@@ -509,8 +509,9 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
 /// Parses `--log-level`: comma-separated directives, each a level (`info`) or
-/// `TARGET=LEVEL` (`drainfs=debug`, `drainfs::relay=trace`), levels as in [`LOG_LEVELS`]
-/// (any case). The result is handed to tracing-subscriber's `EnvFilter` unchanged.
+/// `TARGET=LEVEL` (`drainfs=debug`, `drainfs::relay=trace`), levels `trace`, `debug`,
+/// `info`, `warn`, `error`, `off` (any case). The result is handed to tracing-subscriber's
+/// `EnvFilter` unchanged.
 ///
 /// # Errors
 /// A directive that is neither: tracing-subscriber would take a bare word such as `warning`
