@@ -27,6 +27,8 @@ bucket read back from the server, byte for byte. The network namespace is the ho
 fake server on 127.0.0.1 stands in for storage.googleapis.com (in a pod it would be reached
 through the pod's own network namespace). Containers, mounts, the fake server and the
 temporary directories are removed on every exit path. Exit 0 when every check passed.
+DRAINFS_IMAGE_DRAINFS=PATH runs another drainfs binary in the images' place;
+DRAINFS_IMAGE_TEST_KEEP=1 keeps the work directory (logs) for a look afterwards.
 """
 
 import contextlib
@@ -132,6 +134,12 @@ def unpack(stack, tag, workdir):
     subprocess.run(["umoci", "unpack", "--image", f"{IMAGES}/oci:{tag}", bundle], check=True,
                    stdout=subprocess.DEVNULL)
     stack.callback(shutil.rmtree, bundle, True)
+    # DRAINFS_IMAGE_DRAINFS: another drainfs binary in the image's place (to run these checks
+    # against an older build).
+    other = os.environ.get("DRAINFS_IMAGE_DRAINFS")
+    if other:
+        dest = {"relay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}[tag]
+        shutil.copy(other, os.path.join(bundle, "rootfs", dest))
     with open(os.path.join(bundle, "config.json")) as f:
         return bundle, json.load(f)
 
