@@ -2,9 +2,11 @@
 # The full test suite: the README's second command and what CI (.ci/run) runs.
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
-# fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
-# -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
-# root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
+# fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
+# rustfmt, clippy with -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which
+# really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
+# images (static drainfs, built with umoci and run in runc in the pod's shape), and a smoke run
+# of the benchmark harness.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
