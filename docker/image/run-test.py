@@ -2,7 +2,7 @@
 """Runs the images docker/image/build.sh built in runc, in the pod's shape, against the real
 peers and a fake-gcs-server on loopback, and checks the outcome where Kubernetes shows it.
 
-Usage (root): docker/image/run-test.py [relay] [sidecar]      (default: both)
+Usage (root): docker/image/run-test.py [relay] [relay-held] [sidecar]      (default: all)
 
 relay   (target/images/oci:relay, GKE's layout): as GKE's webhook injects it, uid/gid 65534,
         no capabilities, no_new_privs, read-only root, no /dev/fuse; the emptyDirs
@@ -17,6 +17,11 @@ sidecar (target/images/oci:sidecar): the drainfs container of docker/k8s/job-nat
         flags are the fake server's): uid 0, privileged (every capability, /dev/fuse), read-only
         root, /data bind-mounted rshared (Bidirectional) from a shared mount on the host,
         /gcs-lower, /run/drainfs, /tmp and /dev/termination-log bind-mounted.
+
+relay-held: the relay image again, with a file that stays open for writing past the stop: the
+        container still exits 0 (the sidecar mounter's status), drainfs forces its stop before
+        the sidecar mounter's SIGKILL, and the termination message says exit 75, incomplete,
+        forced at the deadline, and names the file.
 
 Each run: a workload on the host writes files through the volume (one of them still open and
 being written when the container gets its SIGTERM), `runc kill ... TERM` as the kubelet sends
@@ -313,8 +318,11 @@ def check_outcome(name, c, t_term, code, term_log, port, files, refused, within)
         print(c.tail())
 
 
-def test_relay(stack, workdir):
-    print("==> relay image (GKE layout) under the real sidecar mounter, uid 65534, no capabilities")
+def test_relay(stack, workdir, held=False):
+    if held:
+        print("==> relay image, a file still open for writing when the sidecar mounter's SIGKILL comes")
+    else:
+        print("==> relay image (GKE layout) under the real sidecar mounter, uid 65534, no capabilities")
     port = fake_gcs(stack, workdir)
     vol = "vol-1"
     tmp_vol = os.path.join(workdir, "gcsfuse-tmp")
@@ -329,7 +337,13 @@ def test_relay(stack, workdir):
     os.chmod(term_log, 0o666)
     # The node driver: /dev/fuse opened and mounted at the target with fd=N.
     fd = os.open("/dev/fuse", os.O_RDWR)
-    stack.callback(os.close, fd)
+    fd_open = [True]
+
+    def close_fd():
+        if fd_open[0]:
+            fd_open[0] = False
+            os.close(fd)
+    stack.callback(close_fd)
     opts = f"nodev,nosuid,allow_other,default_permissions,rootmode=40000,user_id=0,group_id=0,fd={fd}"
     subprocess.run(["mount", "-i", "-t", "fuse", "-o", opts, BUCKET, target], pass_fds=(fd,), check=True)
     stack.callback(umount, target)
@@ -353,6 +367,9 @@ def test_relay(stack, workdir):
             return
         socket.send_fds(conn, [msg], [fd])
         conn.close()
+        # As the node driver does: the sidecar now holds the only copy, so the connection
+        # ends when the sidecar's processes are gone.
+        close_fd()
         sent.set()
     threading.Thread(target=hand_over, daemon=True).start()
 
@@ -381,6 +398,9 @@ def test_relay(stack, workdir):
     def term():
         t["t"] = time.monotonic()
         c.kill("TERM")
+    if held:
+        held_outcome(c, target, term, term_log, port)
+        return
     files, refused = workload(target, "results/late.bin", term)
     code = c.wait(30)
     check_outcome("relay", c, t["t"], code, term_log, port, files, refused, within=5.0)
@@ -388,6 +408,45 @@ def test_relay(stack, workdir):
             os.path.join(tmp_vol, ".volumes", vol, "error")) else open(os.devnull, "rb") as f:
         err = f.read().decode(errors="replace").strip()
     print(f"  relay: the sidecar mounter's error file: {err[-300:]!r}")
+
+
+def held_outcome(c, target, term, term_log, port):
+    """A writer that never closes: drainfs forces its stop before the sidecar mounter's SIGKILL
+    (5 s), and the outcome (exit 75, the file named) must be in the termination message, since
+    the container's exit code is the sidecar mounter's 0."""
+    with open(os.path.join(target, "done.bin"), "wb") as f:
+        f.write(b"uploaded before the stop\n")
+    held = open(os.path.join(target, "held.bin"), "wb")
+    held.write(os.urandom(1024 * 1024))
+    held.flush()
+    t0 = time.monotonic()
+    term()
+    code = c.wait(30)
+    elapsed = time.monotonic() - t0
+    with contextlib.suppress(OSError):
+        held.close()  # the connection is gone: this close fails
+    check(code == 0, f"relay-held: container exit code is the sidecar mounter's 0 (got {code})")
+    with open(term_log) as f:
+        text = f.read()
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = {}
+    # A SIGKILLed drainfs writes no summary; its own clock says when it finished.
+    exit_ms = (summary.get("timings") or {}).get("exit_ms")
+    print(f"  relay-held: container exit {elapsed:.2f} s after SIGTERM, drainfs done at {exit_ms} ms")
+    check(isinstance(exit_ms, int) and exit_ms < 5000,
+          f"relay-held: drainfs finished before the sidecar mounter's SIGKILL at 5 s ({exit_ms} ms)")
+    check(summary.get("exit_code") == 75 and summary.get("outcome") == "incomplete"
+          and summary.get("forced") == "deadline",
+          f"relay-held: termination message says incomplete, forced at the deadline ({text[:160]!r})")
+    check(any(p.endswith("held.bin") for p in summary.get("open_paths", [])),
+          f"relay-held: the summary names the file still open ({summary.get('open_paths')})")
+    check(schema_errors(summary) == [], f"relay-held: the summary matches the schema {schema_errors(summary)}")
+    got = objects(port)
+    check(got.get("done.bin") == b"uploaded before the stop\n", "relay-held: the closed file is in the bucket")
+    if failures:
+        print(c.tail())
 
 
 def manifest_sidecar():
@@ -464,9 +523,9 @@ def main():
     if os.geteuid() != 0:
         print("run-test.py: needs root (runc, mount)", file=sys.stderr)
         return 2
-    which = sys.argv[1:] or ["relay", "sidecar"]
+    which = sys.argv[1:] or ["relay", "relay-held", "sidecar"]
     for w in which:
-        if w not in ("relay", "sidecar"):
+        if w not in ("relay", "relay-held", "sidecar"):
             print(f"run-test.py: unknown image {w}", file=sys.stderr)
             return 2
         with contextlib.ExitStack() as stack:
@@ -474,7 +533,8 @@ def main():
             if not os.environ.get("DRAINFS_IMAGE_TEST_KEEP"):
                 stack.callback(shutil.rmtree, workdir, True)
             os.chmod(workdir, 0o755)
-            {"relay": test_relay, "sidecar": test_sidecar}[w](stack, workdir)
+            {"relay": test_relay, "sidecar": test_sidecar,
+             "relay-held": lambda st, wd: test_relay(st, wd, held=True)}[w](stack, workdir)
     if failures:
         print(f"run-test.py: {len(failures)} check(s) FAILED", file=sys.stderr)
         return 1
