@@ -298,6 +298,25 @@ pub struct RelayOptArgs {
     /// error ("short read on fuse device"). Any other status, or a signal, is exit 69.
     #[arg(long, env = "DRAINFS_EOF_EXIT_CODES", value_delimiter = ',', default_value = "0,1", value_parser = clap::value_parser!(i32).range(0..=255), help_heading = HEADING_RELAY)]
     pub eof_exit_codes: Vec<i32>,
+
+    /// How a clean stop whose trigger was SIGTERM ends. `code`: exit 0. `signal`: after its
+    /// summary, drainfs ends by SIGTERM. The gcsfuse drop-in defaults to `signal`: GKE's sidecar
+    /// mounter stops its child through Go's `exec.CommandContext`, which reports a child that
+    /// exits 0 after the cancel as the error "context canceled" and writes that to the volume's
+    /// error file, while a child that ends by SIGTERM is only logged ("gcsfuse was
+    /// terminated"). A stop that is not clean always exits with its code (75, 69, ...).
+    #[arg(long, env = "DRAINFS_CLEAN_SIGTERM_EXIT", value_enum, default_value = "code", help_heading = HEADING_RELAY)]
+    pub clean_sigterm_exit: CleanSigtermExit,
+}
+
+/// `--clean-sigterm-exit`: how a clean stop triggered by SIGTERM ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CleanSigtermExit {
+    /// Exit status 0.
+    Code,
+    /// End by SIGTERM (default action), after the summary is written.
+    Signal,
 }
 
 /// `--spin`: a duration or `auto`.
@@ -332,6 +351,7 @@ impl RelayOptArgs {
             max_message: self.max_message,
             init_timeout: self.init_timeout,
             eof_exit_codes: self.eof_exit_codes,
+            clean_sigterm_exit: self.clean_sigterm_exit,
             spin: match self.spin {
                 SpinArg::Auto => crate::relay::run::auto_spin(),
                 SpinArg::Fixed(d) => d,

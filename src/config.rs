@@ -56,6 +56,8 @@ pub struct RelayOptions {
     pub init_timeout: Duration,
     /// Daemon exit statuses that count as a clean stop after the relay's end-of-stream.
     pub eof_exit_codes: Vec<i32>,
+    /// How a clean stop triggered by SIGTERM ends (exit 0, or by SIGTERM).
+    pub clean_sigterm_exit: crate::cli::CleanSigtermExit,
     /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
     #[serde(with = "humantime_serde_shim")]
     pub spin: Duration,

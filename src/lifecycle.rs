@@ -683,6 +683,19 @@ pub async fn run(
             sig.as_str()
         ));
     }
+    // A clean stop by SIGTERM ends by SIGTERM when asked (the gcsfuse drop-in): the summary
+    // keeps exit_code 0, the process ends as a terminated gcsfuse would.
+    let clean_by_signal = code == ExitCode::Clean
+        && matches!(r.machine.first_trigger(), Some((_, Cause::Sigterm)))
+        && r.cfg
+            .relay
+            .as_ref()
+            .is_some_and(|o| o.clean_sigterm_exit == crate::cli::CleanSigtermExit::Signal);
+    if clean_by_signal {
+        s.notes
+            .push("clean: drainfs ends by SIGTERM (--clean-sigterm-exit signal)".to_string());
+    }
+    let raise = raise.or(clean_by_signal.then_some(Signal::SIGTERM));
     summary::emit(
         &s,
         r.cfg.lifecycle.summary_file.as_deref(),

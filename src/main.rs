@@ -32,6 +32,11 @@ fn main() {
             "--".into(),
             real,
         ];
+        // A clean stop by SIGTERM ends by SIGTERM, so that GKE's sidecar mounter logs
+        // "gcsfuse was terminated" instead of an error (see `relay --clean-sigterm-exit`).
+        if std::env::var_os("DRAINFS_CLEAN_SIGTERM_EXIT").is_none() {
+            args.insert(3, "--clean-sigterm-exit=signal".into());
+        }
         args.extend(rest);
     }
     // Malformed `DRAINFS_*` values are start-up errors naming the variable, not defaults.

@@ -541,7 +541,9 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
 /// Invoked as `gcsfuse` (the CSI sidecar's binary name), drainfs relays to the real binary
 /// (`DRAINFS_REAL_GCSFUSE`) and keeps stderr for what the node driver must see: a clean run
 /// writes its logs to stdout and nothing to stderr, which GKE's sidecar copies into the error
-/// file that the node driver turns into a mount error.
+/// file that the node driver turns into a mount error. Its clean stop after SIGTERM ends by
+/// SIGTERM (the summary says exit 0, clean), so that GKE's sidecar mounter reports "gcsfuse was
+/// terminated" and writes no "context canceled" error.
 #[test]
 fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
     let dir = tempfile::tempdir().unwrap();
@@ -563,6 +565,7 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
         .env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
         .env("DRAINFS_SOCKET_BUFFER", "212992")
         .env("DRAINFS_LOG_FORMAT", "json")
+        .env("DRAINFS_SUMMARY_FILE", dir.path().join("summary.json"))
         .args(["--bucket"])
         .arg(&bucket)
         .arg("--mountpoint")
@@ -581,7 +584,12 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
     )
     .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:?}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["exit_code"], 0, "{summary}");
+    assert_eq!(summary["outcome"], "clean", "{summary}");
     assert_eq!(
         std::fs::read(bucket.join("a.txt")).unwrap(),
         b"through the drop-in"
