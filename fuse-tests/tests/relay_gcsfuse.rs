@@ -822,3 +822,75 @@ fn sidecar_mounter_parity_stock_vs_relay() {
     assert_eq!(stock_bucket, relayed_bucket, "the buckets differ");
     assert_eq!(e.code, Some(0), "relay: {e}");
 }
+
+/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
+/// lives when it was not mounted already.
+struct Fusectl {
+    mounted_here: bool,
+}
+
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+impl Fusectl {
+    fn ensure() -> Fusectl {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+
+    /// Aborts the FUSE connection of the mount at `mnt`.
+    fn abort(mnt: &Path) {
+        let dev = fs::metadata(mnt).unwrap().dev();
+        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
+        fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// With gcsfuse's streaming writes a successful fsync does not put the object in the bucket
+/// (see `gcsfuse_streaming_writes_finalize_only_on_close_not_on_fsync`), so a connection that
+/// is aborted while an fsynced file is still open loses it: the outcome must be 75 with the
+/// file named, never clean.
+#[test]
+fn relay_abort_after_fsync_with_a_file_still_open_is_not_clean() {
+    let _fusectl = Fusectl::ensure();
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let mut w = Holder::open(&s.path("synced.bin"));
+    w.cmd("write 2097152 1").unwrap();
+    w.cmd("fsync").unwrap();
+    assert!(!bucket(&server).contains_key("synced.bin"));
+    Fusectl::abort(&s.mnt);
+    let e = s.wait(Duration::from_secs(10));
+    eprintln!("after the abort: {e}");
+    let objects = bucket(&server);
+    assert!(!objects.contains_key("synced.bin"), "{objects:#?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["synced.bin"]),
+        "the lost file is not named: {summary:#}"
+    );
+    assert_eq!(e.code, Some(75), "{e}");
+    drop(w);
+    s.assert_nothing_left();
+}
