@@ -795,6 +795,73 @@ fn sidecar_mounter_relay_open_file_at_the_deadline_is_75() {
     s.assert_nothing_left();
 }
 
+/// gcsfuse SIGKILLed under the real sidecar mounter, behind drainfs: drainfs ends by the same
+/// signal after writing its summary, so the sidecar mounter reports "gcsfuse was killed" as it
+/// would for gcsfuse itself; the open file's close fails and is named; nothing is left.
+#[test]
+fn sidecar_mounter_relay_gcsfuse_sigkilled() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("w.bin"));
+    w.cmd("write 2097152 5").unwrap();
+    kill(Pid::from_raw(s.gcsfuse_pid()), Signal::SIGKILL).unwrap();
+    assert!(w.cmd("close").is_err(), "close after gcsfuse died");
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("gcsfuse killed under the sidecar mounter: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGKILL", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "lower_failed", "{summary:#}");
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["w.bin"]),
+        "{summary:#}"
+    );
+    assert!(!bucket(&server).contains_key("w.bin"));
+    s.assert_nothing_left();
+}
+
+/// The deadline under the real sidecar mounter with the bucket unreachable (fake-gcs-server
+/// SIGSTOPped during a close's upload): drainfs exits 75 before the sidecar mounter's SIGKILL,
+/// naming the file, and the close does not return 0.
+#[test]
+fn sidecar_mounter_relay_deadline_with_the_server_stopped() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("stuck.bin"));
+    w.cmd("write 2097152 9").unwrap();
+    let stopped = Stopped::stop(&server);
+    w.send("close");
+    assert!(
+        w.reply_within(Duration::from_millis(500)).is_none(),
+        "close returned with the server stopped"
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("deadline under the sidecar mounter: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(
+        e.ms_after_stop.unwrap() < 5000,
+        "drainfs was SIGKILLed: {e}"
+    );
+    assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+    let closed = w.reply_within(Duration::from_secs(5));
+    assert!(matches!(closed, Some(Err(_))), "close: {closed:?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    let named = |k: &str| {
+        summary[k]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "stuck.bin"))
+    };
+    assert!(
+        named("open_paths") || named("failed_flushes"),
+        "the summary does not name stuck.bin: {summary:#}"
+    );
+    drop(stopped);
+    s.assert_nothing_left();
+}
+
 /// The same workload through the real sidecar mounter, stock gcsfuse vs the relay: the same
 /// results and the same bucket.
 #[test]
