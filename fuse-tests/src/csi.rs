@@ -126,20 +126,18 @@ impl CsiSidecar {
     /// everything the processes wrote on stderr).
     pub fn start(server: &Server, gcsfuse: Gcsfuse, stop: Stop, extra_options: &[&str]) -> Self {
         require_installed(&[]);
-        let mounter = crate::lowers::lowers_py(&["paths"])
+        let paths: serde_json::Value = crate::lowers::lowers_py(&["paths"])
             .ok()
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-            .and_then(|v| {
-                v["gcs-fuse-csi-driver-sidecar-mounter"]
-                    .as_str()
-                    .map(String::from)
-            })
-            .expect("the sidecar mounter's path");
-        let real = crate::lowers::lowers_py(&["paths"])
-            .ok()
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-            .and_then(|v| v["gcsfuse"].as_str().map(String::from))
-            .expect("gcsfuse's path");
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .expect("lowers.py paths");
+        let path_of = |name: &str| {
+            paths[name]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| panic!("{name} is not installed"))
+        };
+        let mounter = path_of("gcs-fuse-csi-driver-sidecar-mounter");
+        let real = path_of("gcsfuse");
         let dir = tempfile::Builder::new()
             .prefix("drainfs-csi-")
             .tempdir_in("/tmp")
