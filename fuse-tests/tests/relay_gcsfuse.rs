@@ -742,6 +742,29 @@ fn sidecar_mounter_relay_native_drains_a_writer_and_exits_fast() {
     s.assert_nothing_left();
 }
 
+/// A large file (96 MiB: three of gcsfuse's 32 MiB streaming-write blocks) whose close is
+/// in progress when the native sidecar's SIGTERM comes: the close returns 0, the object is
+/// complete, drainfs exits 0 before the sidecar mounter's SIGKILL.
+#[test]
+fn sidecar_mounter_relay_large_file_closed_at_the_sigterm() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("large.bin"));
+    w.cmd("write 100663296 11").unwrap();
+    w.send("close");
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    let closed = w.reply_within(Duration::from_secs(20));
+    assert_eq!(closed, Some(Ok(())), "close of the large file");
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!("large file closed at the SIGTERM: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert_eq!(e.gcsfuse_exit, "context canceled", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_in_bucket(&server, &[("large.bin", &w.written)]);
+    s.assert_nothing_left();
+}
+
 /// Regular-container mode: the exit file stops the sidecar mounter (it polls every 5 s), and
 /// the relay behind it stops gcsfuse cleanly.
 #[test]
