@@ -2,6 +2,7 @@
 //! mounted over (see `src/bin/`).
 
 pub mod bucket;
+pub mod csi;
 pub mod harness;
 pub mod lowers;
 pub mod pod;

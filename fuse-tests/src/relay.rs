@@ -32,6 +32,9 @@ pub enum Daemon {
     Bucketfs(Vec<String>),
     /// `fuse-overlayfs` (libfuse 3, Debian's package) over a lower and an upper directory.
     Overlay,
+    /// Any daemon, run as this argv (which names `/dev/fd/3`), e.g. the real gcsfuse from
+    /// [`crate::lowers::Server::mount_cmd`]. `store` and `lower` are unused.
+    Command(Vec<String>),
 }
 
 /// How the daemon is connected to the kernel.
@@ -103,7 +106,7 @@ pub struct Sidecar {
 }
 
 /// Spawns a thread that appends every line of `r` to `sink` (and echoes it when `echo`).
-fn collect(r: impl Read + Send + 'static, sink: Arc<Mutex<Vec<String>>>, echo: &'static str) {
+pub fn collect(r: impl Read + Send + 'static, sink: Arc<Mutex<Vec<String>>>, echo: &'static str) {
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
             eprintln!("    {echo} {line}");
@@ -113,13 +116,13 @@ fn collect(r: impl Read + Send + 'static, sink: Arc<Mutex<Vec<String>>>, echo: &
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().unwrap().port()
 }
 
 /// Makes `path` a directory owned by the sidecar's uid.
-fn sidecar_dir(path: &std::path::Path) {
+pub fn sidecar_dir(path: &std::path::Path) {
     std::fs::create_dir_all(path).unwrap();
     nix::unistd::chown(
         path,
@@ -267,6 +270,7 @@ impl Sidecar {
                     "/dev/fd/3".into(),
                 ]
             }
+            Daemon::Command(argv) => argv.clone(),
         };
         let (sidecar_cmd, admin) = match &via {
             Via::Direct => (daemon_cmd, None),

@@ -72,7 +72,8 @@
 //! sidecar said about its child (`0` for "exited normally", `signal SIGKILL` for "was killed",
 //! `signal SIGTERM` for "was terminated", the error file's `gcsfuse exited with error: ...`
 //! text otherwise, `unknown` if it said nothing); last `sidecar exit: <code|signal NAME> after
-//! <ms> ms`, `<ms>` counted from the stop (the SIGTERM or the exit file's creation).
+//! <ms> ms`, `<ms>` counted from the stop (the SIGTERM or the exit file's creation). Exit
+//! status 0 only when the sidecar mounter took the connection and exited 0.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -911,6 +912,10 @@ fn serve_csi(
             Err(e) => return Err(format!("accept on {}: {e}", sock.display())),
         }
     }
+    let handed_off = fuse.is_none() && stop_reason.is_none();
+    if !handed_off && exited.is_some() {
+        eprintln!("fake-node-driver: the sidecar mounter exited before it took the connection");
+    }
     drop(fuse);
     drop(listener);
     let _ = std::fs::remove_file(&sock);
@@ -1043,7 +1048,7 @@ fn serve_csi(
     ));
     let (what, ok) = describe(status);
     out.push(format!("sidecar exit: {what} after {ms} ms"));
-    Ok((out, ok))
+    Ok((out, ok && handed_off))
 }
 
 /// Entry point: usage errors exit 2 (clap), failures print one line and exit 1.

@@ -1,0 +1,981 @@
+//! The relay over the real gcsfuse (v3.11.2, on fake-gcs-server), and gcsfuse's own behaviour
+//! on a `/dev/fd/N` connection, which the README relies on.
+//!
+//! Two arrangements, both unprivileged (uid 65534, no capabilities, 212992-byte socket
+//! buffers):
+//! - the node-driver stand-in (`fake-node-driver`, [`Sidecar`]) hands the connection as fd 3
+//!   to gcsfuse itself (the baseline) or to `drainfs relay -- gcsfuse ... /dev/fd/3`;
+//! - GKE's real sidecar mounter (gcs-fuse-csi-driver v1.24.4, [`CsiSidecar`]) gets the fd over
+//!   its socket and execs gcsfuse, or drainfs as the gcsfuse drop-in with the real gcsfuse
+//!   behind it.
+//!
+//! Invariant checked throughout: every file whose `close()` returned 0 is complete in the
+//! bucket (read back from the server, never through a mount), and drainfs's exit code and
+//! summary name what is not. Files that must stay open across a stop are held by a separate
+//! process ([`Holder`]): any fork+exec in the test process would close a copy of the fd, and
+//! each close is a FLUSH, which makes gcsfuse finalize the object.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::IntoRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fuse_tests::csi::{CsiSidecar, Gcsfuse, Stop};
+use fuse_tests::harness::wait_until;
+use fuse_tests::lowers::{Kind, Object, Server, object_of};
+use fuse_tests::relay::{Daemon, Sidecar, Via, pid_exists, proc_status_field};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+// ------------------------------------------------------------------------------------------
+// Helpers.
+
+/// `len` bytes of a deterministic pseudo-random pattern (xorshift64, seeded by `seed`).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The errno name of an I/O error (`ENOENT`...), or its text when it has no errno.
+fn errno_name(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => format!("{:?}", nix::errno::Errno::from_raw(n)),
+        None => e.to_string(),
+    }
+}
+
+/// `Ok(v)` as `v`, an error as its errno name.
+fn show<T: std::fmt::Debug>(r: io::Result<T>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => errno_name(&e),
+    }
+}
+
+/// `close(2)` of a file, returning its result (dropping a `File` ignores it).
+fn close(f: File) -> io::Result<()> {
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was just released by `into_raw_fd`, so it is open and owned by nobody else.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes `data` to a new file at `path` and closes it, returning close's result.
+fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(data)?;
+    close(f)
+}
+
+/// The stock gcsfuse command on `/dev/fd/3` against `server`, with extra flags.
+fn gcsfuse(server: &Server, extra: &[&str]) -> Daemon {
+    Daemon::Command(server.mount_cmd_with(Path::new("/dev/fd/3"), extra))
+}
+
+/// The relay with no extra options (its defaults: 5 s grace period, SIGTERM = workload gone).
+fn relay() -> Via {
+    Via::Relay(Vec::new())
+}
+
+/// The fake-gcs-server's PID, from `lowers.py`'s state file.
+fn server_pid(server: &Server) -> i32 {
+    let text = fs::read_to_string(server.workdir().join("lowers-state.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["servers"][server.kind.name()]["pid"].as_i64().unwrap() as i32
+}
+
+/// Sends SIGCONT to a SIGSTOPped server when dropped, so a failing test does not leave it
+/// stopped (its work directory's cleanup would wait on it).
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(server: &Server) -> Stopped {
+        let pid = server_pid(server);
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0), Signal::SIGCONT);
+    }
+}
+
+/// The Python side of [`Holder`]: one file, commands on stdin, one reply line each
+/// (`ok SIZE SHA256` of everything written so far, or `err ERRNO`). It never forks.
+const HOLDER: &str = r#"
+import os, sys, hashlib, errno
+path = sys.argv[1]
+h = hashlib.sha256(); size = 0; fd = None
+def pattern(n, seed):
+    x = seed | 1; out = bytearray(); m = (1 << 64) - 1
+    while len(out) < n:
+        x ^= (x << 13) & m; x ^= x >> 7; x ^= (x << 17) & m
+        out += x.to_bytes(8, "little")
+    return bytes(out[:n])
+def reply(s):
+    sys.stdout.write(s + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    cmd = line.split()
+    try:
+        if cmd[0] == "open":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        elif cmd[0] == "write":
+            n, seed = int(cmd[1]), int(cmd[2]); b = pattern(n, seed); v = memoryview(b)
+            while len(v):
+                k = os.write(fd, v[:1 << 20]); v = v[k:]
+            h.update(b); size += n
+        elif cmd[0] == "fsync":
+            os.fsync(fd)
+        elif cmd[0] == "close":
+            f, fd = fd, None; os.close(f)
+        reply(f"ok {size} {h.hexdigest()}")
+    except OSError as e:
+        reply("err " + errno.errorcode.get(e.errno, str(e.errno)))
+"#;
+
+/// A file open for writing in another process (python3, which never forks), driven line by
+/// line. Dropping it SIGKILLs that process.
+struct Holder {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// What was written so far, as the object it should become.
+    written: Object,
+}
+
+impl Holder {
+    /// Opens (creates, truncates) `path` in a new holder process.
+    fn open(path: &Path) -> Holder {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(HOLDER)
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut h = Holder {
+            child,
+            stdin,
+            stdout,
+            written: object_of(b""),
+        };
+        h.cmd("open").expect("open in the holder");
+        h
+    }
+
+    /// Sends one command without waiting for its reply.
+    fn send(&mut self, c: &str) {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The reply to the last command sent: Ok, or the errno name.
+    fn reply(&mut self) -> Result<(), String> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        match parts.as_slice() {
+            ["ok", size, sha] => {
+                self.written = Object {
+                    size: size.parse().unwrap(),
+                    sha256: sha.to_string(),
+                };
+                Ok(())
+            }
+            ["err", e] => Err(e.to_string()),
+            _ => panic!("holder said {line:?}"),
+        }
+    }
+
+    /// Runs one command: `write N SEED`, `fsync`, `close`.
+    fn cmd(&mut self, c: &str) -> Result<(), String> {
+        self.send(c);
+        self.reply()
+    }
+
+    /// The reply to the last command, or `None` if none came within `timeout`.
+    fn reply_within(&mut self, timeout: Duration) -> Option<Result<(), String>> {
+        let fd = std::os::fd::AsFd::as_fd(self.stdout.get_ref());
+        if self.stdout.buffer().is_empty() {
+            let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+            let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+            if nix::poll::poll(&mut fds, ms).unwrap_or(0) == 0 {
+                return None;
+            }
+        }
+        Some(self.reply())
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The drainfs summary in `path`.
+fn summary_at(path: &Path) -> serde_json::Value {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Asserts the invariant: each `(key, object)` whose close returned 0 is in the bucket,
+/// complete.
+fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {
+    let objects = server.objects();
+    for (key, want) in closed {
+        assert_eq!(
+            objects.get(*key),
+            Some(*want),
+            "{key} was closed with 0 but is not complete in the bucket: {objects:#?}"
+        );
+    }
+}
+
+/// Sorted entry names of a directory.
+fn names(dir: &Path) -> io::Result<Vec<String>> {
+    let mut v: Vec<String> = fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<_>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// One workload over gcsfuse, one result line per step (values or the errno name); inode
+/// numbers, owners and times left out.
+fn script(root: &Path) -> Vec<String> {
+    let d = root.join("d");
+    let f = d.join("f");
+    let g = d.join("g");
+    let h = d.join("h");
+    let big = pattern(5 << 20, 7);
+    let mut out = Vec::new();
+    let mut step = |name: &str, r: String| out.push(format!("{name}: {r}"));
+    step("mkdir d", show(fs::create_dir(&d)));
+    step("mkdir d again", show(fs::create_dir(&d)));
+    step("write f", show(write_file(&f, b"hello world")));
+    step("read f", show(fs::read_to_string(&f)));
+    step(
+        "stat f",
+        show(fs::metadata(&f).map(|m| (m.is_file(), m.len(), m.mode() & 0o170000))),
+    );
+    step(
+        "append f",
+        show(
+            OpenOptions::new()
+                .append(true)
+                .open(&f)
+                .and_then(|mut x| x.write_all(b", again").and_then(|()| close(x))),
+        ),
+    );
+    step("read f again", show(fs::read_to_string(&f)));
+    step("rename f g", show(fs::rename(&f, &g)));
+    step("read f after rename", show(fs::read(&f)));
+    step("read g", show(fs::read_to_string(&g)));
+    step("write h (5 MiB)", show(write_file(&h, &big)));
+    step("read h equals", show(fs::read(&h).map(|x| x == big)));
+    step(
+        "fsync then write then close",
+        show(File::create(d.join("s")).and_then(|mut x| {
+            x.write_all(b"before fsync;")?;
+            x.sync_all()?;
+            x.write_all(b" after")?;
+            close(x)
+        })),
+    );
+    step("read s", show(fs::read_to_string(d.join("s"))));
+    step(
+        "truncate h",
+        show(
+            OpenOptions::new()
+                .write(true)
+                .open(&h)
+                .and_then(|x| x.set_len(1000).and_then(|()| close(x))),
+        ),
+    );
+    step("stat h", show(fs::metadata(&h).map(|m| m.len())));
+    step(
+        "symlink",
+        show(std::os::unix::fs::symlink("g", d.join("link"))),
+    );
+    step("readlink", show(fs::read_link(d.join("link"))));
+    step("readdir d", show(names(&d)));
+    step("hard link", show(fs::hard_link(&g, d.join("g2"))));
+    step("unlink g", show(fs::remove_file(&g)));
+    step("unlink g again", show(fs::remove_file(&g)));
+    step("rmdir d (not empty)", show(fs::remove_dir(&d)));
+    step("open missing", show(File::open(root.join("missing"))));
+    step(
+        "mkdir e/x (no parent)",
+        show(fs::create_dir(root.join("e/x"))),
+    );
+    step("readdir root", show(names(root)));
+    step(
+        "statfs",
+        show(
+            nix::sys::statvfs::statvfs(root)
+                .map(|_| ())
+                .map_err(io::Error::from),
+        ),
+    );
+    out
+}
+
+/// Bucket contents keyed by name (the server's view).
+fn bucket(server: &Server) -> BTreeMap<String, Object> {
+    server.objects()
+}
+
+// ------------------------------------------------------------------------------------------
+// gcsfuse's own behaviour on /dev/fd/N (stock gcsfuse, the connection as its fd 3).
+
+/// SIGTERM on a `/dev/fd/N` mount is in effect ignored (gcsfuse keeps serving, a second one
+/// too), and its watchdog exits 0 thirty seconds after the first; a file still open then
+/// never reaches the bucket.
+#[test]
+fn gcsfuse_ignores_sigterm_on_dev_fd_and_its_watchdog_exits_0_after_30s() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), Via::Direct);
+    let mut held = Holder::open(&s.path("held.bin"));
+    held.cmd("write 2097152 5").unwrap();
+    let daemon = Pid::from_raw(s.daemon_pid());
+    let t0 = Instant::now();
+    kill(daemon, Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(pid_exists(daemon.as_raw()), "gcsfuse exited on SIGTERM");
+    let after = pattern(300_000, 6);
+    assert_eq!(
+        show(write_file(&s.path("after.bin"), &after)),
+        "()",
+        "gcsfuse stopped serving after SIGTERM"
+    );
+    kill(daemon, Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(fs::read(s.path("after.bin")).unwrap(), after);
+    assert_in_bucket(&server, &[("after.bin", &object_of(&after))]);
+
+    // The watchdog: exit 0, by itself (the driver never had to stop it), ~30 s after SIGTERM.
+    let e = s.wait(Duration::from_secs(60));
+    let took = t0.elapsed();
+    eprintln!("gcsfuse exited {took:?} after the first SIGTERM: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert_eq!(e.ms_after_sigterm, None, "{e}");
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(45)).contains(&took),
+        "{took:?}"
+    );
+    assert!(
+        !bucket(&server).contains_key("held.bin"),
+        "a file never closed reached the bucket"
+    );
+    drop(held);
+    s.assert_nothing_left();
+}
+
+/// End of stream on the connection (the mount removed) is gcsfuse's clean exit 0.
+#[test]
+fn gcsfuse_exits_0_at_end_of_stream() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), Via::Direct);
+    let data = pattern(100_000, 8);
+    write_file(&s.path("a.bin"), &data).unwrap();
+    nix::mount::umount2(&s.mnt, nix::mount::MntFlags::empty()).unwrap();
+    let e = s.wait(Duration::from_secs(15));
+    eprintln!("after umount: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert_eq!(
+        e.ms_after_sigterm, None,
+        "gcsfuse did not stop by itself: {e}"
+    );
+    assert_in_bucket(&server, &[("a.bin", &object_of(&data))]);
+    s.assert_nothing_left();
+}
+
+/// Streaming writes (gcsfuse's default): blocks upload while the file is written, but the
+/// object appears only at close; fsync neither finalizes nor creates it; a file still open
+/// when gcsfuse is killed never appears.
+#[test]
+fn gcsfuse_streaming_writes_finalize_only_on_close_not_on_fsync() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &["--write-block-size-mb=1"]), Via::Direct);
+    let mut f = Holder::open(&s.path("s.bin"));
+    f.cmd("write 3145728 1").unwrap();
+    assert!(
+        !bucket(&server).contains_key("s.bin"),
+        "visible before close"
+    );
+    f.cmd("fsync").unwrap();
+    assert!(
+        !bucket(&server).contains_key("s.bin"),
+        "fsync made the object appear"
+    );
+    f.cmd("write 1000 2").unwrap();
+    f.cmd("fsync").unwrap();
+    assert!(!bucket(&server).contains_key("s.bin"));
+    f.cmd("write 5000 3").unwrap();
+    f.cmd("close").unwrap();
+    let closed = f.written.clone();
+    assert_eq!(closed.size, 3_145_728 + 1000 + 5000);
+    assert_in_bucket(&server, &[("s.bin", &closed)]);
+
+    let mut open = Holder::open(&s.path("open.bin"));
+    open.cmd("write 3145728 4").unwrap();
+    open.cmd("fsync").unwrap();
+    // The stand-in stops it as GKE does: SIGTERM (ignored), SIGKILL 5 s later.
+    let e = s.stop(Duration::from_secs(20));
+    assert!(e.sigkill_sent, "{e}");
+    assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
+    let objects = bucket(&server);
+    assert!(
+        !objects.contains_key("open.bin"),
+        "an unclosed file reached the bucket: {objects:#?}"
+    );
+    assert_eq!(objects.get("s.bin"), Some(&closed));
+    drop(open);
+    s.assert_nothing_left();
+}
+
+// ------------------------------------------------------------------------------------------
+// The relay over gcsfuse, through the node-driver stand-in.
+
+/// The same workload gives the same results and the same bucket through the relay as on a
+/// direct connection.
+#[test]
+fn parity_with_a_direct_connection() {
+    let run = |via: Via| {
+        let server = Server::start(Kind::Gcsfuse);
+        let mut s = Sidecar::start(gcsfuse(&server, &[]), via);
+        let lines = script(&s.mnt);
+        let e = s.stop(Duration::from_secs(20));
+        (lines, bucket(&server), e)
+    };
+    let (direct, direct_bucket, _) = run(Via::Direct);
+    let (relayed, relayed_bucket, e) = run(relay());
+    assert!(
+        direct
+            .iter()
+            .any(|l| l == "read f again: \"hello world, again\""),
+        "the workload itself failed on the direct connection: {direct:#?}"
+    );
+    for (a, b) in direct.iter().zip(&relayed) {
+        assert_eq!(a, b, "direct vs relay differ");
+    }
+    assert_eq!(direct.len(), relayed.len());
+    assert_eq!(direct_bucket, relayed_bucket, "the buckets differ");
+    assert_eq!(e.code, Some(0), "relay: {e}");
+    assert!(!e.sigkill_sent, "relay: {e}");
+}
+
+/// An idle stop through the relay: fast, gcsfuse exits 0 by end-of-stream (no SIGKILL),
+/// drainfs exits 0, everything written is in the bucket, nothing is left.
+#[test]
+fn relay_stop_ends_gcsfuse_by_end_of_stream_with_exit_0() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let (relay_pid, daemon) = (s.sidecar_pid(), s.daemon_pid());
+    assert_ne!(relay_pid, daemon);
+    for pid in [relay_pid, daemon] {
+        assert_eq!(
+            proc_status_field(pid, "Uid").unwrap(),
+            "65534\t65534\t65534\t65534"
+        );
+        assert_eq!(
+            proc_status_field(pid, "CapEff").unwrap(),
+            "0000000000000000"
+        );
+    }
+    let a = pattern(40 << 20, 1);
+    write_file(&s.path("a.bin"), &a).unwrap();
+    assert!(fs::read(s.path("a.bin")).unwrap() == a, "read back differs");
+    let e = s.stop(Duration::from_secs(20));
+    eprintln!("relay stop: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert!(e.ms_after_sigterm.unwrap() < 3000, "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["lower_exit"], "exit 0", "{summary:#}");
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    s.assert_nothing_left();
+}
+
+/// SIGTERM while an application is still writing: its writes on the open file keep working,
+/// new creates get ESHUTDOWN, its close returns 0 and the object is complete; drainfs exits 0.
+#[test]
+fn relay_sigterm_with_an_app_still_writing() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let mut w = Holder::open(&s.path("w.bin"));
+    w.cmd("write 4194304 1").unwrap();
+    kill(Pid::from_raw(s.sidecar_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        show(File::create(s.path("late.bin"))),
+        "ESHUTDOWN",
+        "a new create while draining"
+    );
+    w.cmd("write 2097152 2").unwrap();
+    w.cmd("close").unwrap();
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!("after the writer closed: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["lower_exit"], "exit 0", "{summary:#}");
+    let objects = bucket(&server);
+    assert_eq!(objects.get("w.bin"), Some(&w.written), "{objects:#?}");
+    assert!(!objects.contains_key("late.bin"));
+    s.assert_nothing_left();
+}
+
+/// A second SIGTERM while a file is still open: drainfs stops at once with 75 and names the
+/// file; the object, never closed, is not in the bucket; a file closed before is.
+#[test]
+fn relay_second_sigterm_is_75_and_names_the_open_file() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let done = pattern(1 << 20, 3);
+    write_file(&s.path("done.bin"), &done).unwrap();
+    let mut w = Holder::open(&s.path("open.bin"));
+    w.cmd("write 2097152 4").unwrap();
+    let relay_pid = Pid::from_raw(s.sidecar_pid());
+    kill(relay_pid, Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        pid_exists(relay_pid.as_raw()),
+        "the relay did not wait for the open file"
+    );
+    kill(relay_pid, Signal::SIGTERM).unwrap();
+    let e = s.wait(Duration::from_secs(10));
+    eprintln!("after the second SIGTERM: {e}");
+    assert_eq!(e.code, Some(75), "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    assert_eq!(
+        summary["open_paths"],
+        serde_json::json!(["open.bin"]),
+        "{summary:#}"
+    );
+    assert!(w.cmd("close").is_err(), "close after the forced stop");
+    let objects = bucket(&server);
+    assert!(!objects.contains_key("open.bin"), "{objects:#?}");
+    assert_eq!(objects.get("done.bin"), Some(&object_of(&done)));
+    s.assert_nothing_left();
+}
+
+/// The deadline with the bucket unreachable (fake-gcs-server SIGSTOPped while a close is
+/// uploading): drainfs forces its exit before the sidecar's SIGKILL, 75, naming the file;
+/// the close does not return 0.
+#[test]
+fn relay_deadline_with_the_server_stopped_is_75_and_names_the_file() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let mut w = Holder::open(&s.path("stuck.bin"));
+    w.cmd("write 2097152 9").unwrap();
+    let stopped = Stopped::stop(&server);
+    w.send("close");
+    assert!(
+        w.reply_within(Duration::from_millis(500)).is_none(),
+        "close returned with the server stopped"
+    );
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.sidecar_pid()), Signal::SIGTERM).unwrap();
+    let e = s.wait(Duration::from_secs(15));
+    eprintln!("{:?} after SIGTERM: {e}", t0.elapsed());
+    assert_eq!(e.code, Some(75), "{e}");
+    let closed = w.reply_within(Duration::from_secs(5));
+    eprintln!("close: {closed:?}");
+    assert!(
+        matches!(closed, Some(Err(_))),
+        "close after the forced stop: {closed:?}"
+    );
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    let named = |k: &str| {
+        summary[k]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "stuck.bin"))
+    };
+    assert!(
+        named("open_paths") || named("failed_flushes"),
+        "the summary does not name stuck.bin: {summary:#}"
+    );
+    drop(stopped);
+    s.assert_nothing_left();
+}
+
+/// gcsfuse SIGKILLed while a file is open: drainfs reports the dead daemon (outcome
+/// `lower_failed`, and it ends by SIGKILL as gcsfuse would have), the open file's close fails, and
+/// nothing is left mounted.
+#[test]
+fn relay_gcsfuse_sigkilled_is_lower_failed_and_names_the_open_file() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let mut w = Holder::open(&s.path("w.bin"));
+    w.cmd("write 2097152 2").unwrap();
+    kill(Pid::from_raw(s.daemon_pid()), Signal::SIGKILL).unwrap();
+    assert!(w.cmd("close").is_err(), "close after gcsfuse died");
+    let exited = wait_until(Duration::from_secs(5), || s.stdout_has_status());
+    let e = if exited {
+        s.wait(Duration::from_secs(5))
+    } else {
+        s.stop(Duration::from_secs(15))
+    };
+    eprintln!("after gcsfuse's death: {e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
+    // The summary's exit code mirrors the signal drainfs ends by (128 + 9); the outcome is
+    // that of exit 69, and the file whose close failed is named.
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "lower_failed", "{summary:#}");
+    assert_eq!(summary["exit_code"], 137, "{summary:#}");
+    assert_eq!(summary["forced"], "lower_died", "{summary:#}");
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["w.bin"]),
+        "{summary:#}"
+    );
+    assert!(!bucket(&server).contains_key("w.bin"));
+    s.assert_nothing_left();
+}
+
+// ------------------------------------------------------------------------------------------
+// Through GKE's real sidecar mounter.
+
+/// The baseline: stock gcsfuse under the real sidecar mounter is SIGKILLed 5 s after the
+/// SIGTERM; the sidecar mounter itself exits 0.
+#[test]
+fn sidecar_mounter_stock_gcsfuse_is_killed_after_5s() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Stock, Stop::Native, &[]);
+    for pid in [s.mounter_pid(), s.gcsfuse_pid()] {
+        assert_eq!(
+            proc_status_field(pid, "Uid").unwrap(),
+            "65534\t65534\t65534\t65534"
+        );
+        assert_eq!(
+            proc_status_field(pid, "CapEff").unwrap(),
+            "0000000000000000"
+        );
+    }
+    let data = pattern(1 << 20, 1);
+    write_file(&s.path("a.bin"), &data).unwrap();
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("stock: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGKILL", "{e}");
+    let ms = e.ms_after_stop.unwrap();
+    assert!((4900..9000).contains(&ms), "{e}");
+    assert!(e.error_lines.is_empty(), "{e}");
+    assert_in_bucket(&server, &[("a.bin", &object_of(&data))]);
+    s.assert_nothing_left();
+}
+
+/// drainfs as the drop-in under the real sidecar mounter, native sidecar: the SIGTERM comes
+/// while an application is still writing; new creates get ESHUTDOWN, its close returns 0,
+/// the object is complete, gcsfuse exits 0 by end-of-stream and the sidecar mounter exits
+/// long before its 5 s SIGKILL.
+#[test]
+fn sidecar_mounter_relay_native_drains_a_writer_and_exits_fast() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    for pid in [s.mounter_pid(), s.child_pid(), s.gcsfuse_pid()] {
+        assert_eq!(
+            proc_status_field(pid, "Uid").unwrap(),
+            "65534\t65534\t65534\t65534"
+        );
+        assert_eq!(
+            proc_status_field(pid, "CapEff").unwrap(),
+            "0000000000000000"
+        );
+    }
+    assert_ne!(s.child_pid(), s.gcsfuse_pid(), "drainfs must run gcsfuse");
+    let mut w = Holder::open(&s.path("w.bin"));
+    w.cmd("write 4194304 1").unwrap();
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(show(File::create(s.path("late.bin"))), "ESHUTDOWN");
+    w.cmd("write 1048576 2").unwrap();
+    w.cmd("close").unwrap();
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!(
+        "relay under the sidecar mounter: {e}, {:?} after SIGTERM",
+        t0.elapsed()
+    );
+    assert_eq!(e.code, Some(0), "{e}");
+    // Drained and stopped before the sidecar mounter's SIGKILL at 5 s (which would show as
+    // "signal SIGKILL" and leave no summary).
+    assert!(t0.elapsed() < Duration::from_secs(5), "{e}");
+    // The sidecar mounter reads a child's exit 0 after its SIGTERM as Go's "context
+    // canceled" (exec.CommandContext) and writes that into the error file.
+    assert_eq!(e.gcsfuse_exit, "context canceled", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["lower_exit"], "exit 0", "{summary:#}");
+    let objects = bucket(&server);
+    assert_eq!(objects.get("w.bin"), Some(&w.written), "{objects:#?}");
+    assert!(!objects.contains_key("late.bin"));
+    s.assert_nothing_left();
+}
+
+/// A large file (96 MiB: three of gcsfuse's 32 MiB streaming-write blocks) whose close is
+/// in progress when the native sidecar's SIGTERM comes: the close returns 0, the object is
+/// complete, drainfs exits 0 before the sidecar mounter's SIGKILL.
+#[test]
+fn sidecar_mounter_relay_large_file_closed_at_the_sigterm() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("large.bin"));
+    w.cmd("write 100663296 11").unwrap();
+    w.send("close");
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    let closed = w.reply_within(Duration::from_secs(20));
+    assert_eq!(closed, Some(Ok(())), "close of the large file");
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!("large file closed at the SIGTERM: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert_eq!(e.gcsfuse_exit, "context canceled", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_in_bucket(&server, &[("large.bin", &w.written)]);
+    s.assert_nothing_left();
+}
+
+/// Regular-container mode: the exit file stops the sidecar mounter (it polls every 5 s), and
+/// the relay behind it stops gcsfuse cleanly.
+#[test]
+fn sidecar_mounter_relay_exit_file_mode() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::ExitFile, &[]);
+    let data = pattern(3 << 20, 2);
+    write_file(&s.path("a.bin"), &data).unwrap();
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("exit file: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    // The sidecar mounter polls the exit file every 5 s.
+    assert!(e.ms_after_stop.unwrap() < 9000, "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["lower_exit"], "exit 0", "{summary:#}");
+    assert!(
+        !s.base.join("exit").exists(),
+        "the sidecar removes the exit file"
+    );
+    assert_in_bucket(&server, &[("a.bin", &object_of(&data))]);
+    s.assert_nothing_left();
+}
+
+/// A file still open when the native sidecar's SIGTERM comes: drainfs gives up at its own
+/// deadline (before the sidecar mounter's SIGKILL at 5 s), exits 75 naming the file, and the
+/// sidecar mounter records that status in the error file.
+#[test]
+fn sidecar_mounter_relay_open_file_at_the_deadline_is_75() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("open.bin"));
+    w.cmd("write 2097152 3").unwrap();
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("open file at the deadline: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    // drainfs's own exit status below, so the sidecar mounter did not SIGKILL it at 5 s.
+    assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    assert_eq!(
+        summary["open_paths"],
+        serde_json::json!(["open.bin"]),
+        "{summary:#}"
+    );
+    assert!(w.cmd("close").is_err());
+    assert!(!bucket(&server).contains_key("open.bin"));
+    s.assert_nothing_left();
+}
+
+/// gcsfuse SIGKILLed under the real sidecar mounter, behind drainfs: drainfs ends by the same
+/// signal after writing its summary, so the sidecar mounter reports "gcsfuse was killed" as it
+/// would for gcsfuse itself; the open file's close fails and is named; nothing is left.
+#[test]
+fn sidecar_mounter_relay_gcsfuse_sigkilled() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("w.bin"));
+    w.cmd("write 2097152 5").unwrap();
+    kill(Pid::from_raw(s.gcsfuse_pid()), Signal::SIGKILL).unwrap();
+    assert!(w.cmd("close").is_err(), "close after gcsfuse died");
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("gcsfuse killed under the sidecar mounter: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGKILL", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "lower_failed", "{summary:#}");
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["w.bin"]),
+        "{summary:#}"
+    );
+    assert!(!bucket(&server).contains_key("w.bin"));
+    s.assert_nothing_left();
+}
+
+/// The deadline under the real sidecar mounter with the bucket unreachable (fake-gcs-server
+/// SIGSTOPped during a close's upload): drainfs exits 75 before the sidecar mounter's SIGKILL,
+/// naming the file, and the close does not return 0.
+#[test]
+fn sidecar_mounter_relay_deadline_with_the_server_stopped() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("stuck.bin"));
+    w.cmd("write 2097152 9").unwrap();
+    let stopped = Stopped::stop(&server);
+    w.send("close");
+    assert!(
+        w.reply_within(Duration::from_millis(500)).is_none(),
+        "close returned with the server stopped"
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("deadline under the sidecar mounter: {e}");
+    assert_eq!(e.code, Some(0), "{e}");
+    // drainfs's own exit status below, so the sidecar mounter did not SIGKILL it at 5 s.
+    assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+    let closed = w.reply_within(Duration::from_secs(5));
+    assert!(matches!(closed, Some(Err(_))), "close: {closed:?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    let named = |k: &str| {
+        summary[k]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "stuck.bin"))
+    };
+    assert!(
+        named("open_paths") || named("failed_flushes"),
+        "the summary does not name stuck.bin: {summary:#}"
+    );
+    drop(stopped);
+    s.assert_nothing_left();
+}
+
+/// The same workload through the real sidecar mounter, stock gcsfuse vs the relay: the same
+/// results and the same bucket.
+#[test]
+fn sidecar_mounter_parity_stock_vs_relay() {
+    let run = |g: Gcsfuse| {
+        let server = Server::start(Kind::Gcsfuse);
+        let mut s = CsiSidecar::start(&server, g, Stop::Native, &[]);
+        let lines = script(&s.mnt);
+        let e = s.stop(Duration::from_secs(30));
+        s.assert_nothing_left();
+        (lines, bucket(&server), e)
+    };
+    let (stock, stock_bucket, _) = run(Gcsfuse::Stock);
+    let (relayed, relayed_bucket, e) = run(Gcsfuse::Relay(Vec::new()));
+    assert!(
+        stock
+            .iter()
+            .any(|l| l == "read f again: \"hello world, again\""),
+        "the workload itself failed on stock gcsfuse: {stock:#?}"
+    );
+    for (a, b) in stock.iter().zip(&relayed) {
+        assert_eq!(a, b, "stock vs relay differ");
+    }
+    assert_eq!(stock.len(), relayed.len());
+    assert_eq!(stock_bucket, relayed_bucket, "the buckets differ");
+    assert_eq!(e.code, Some(0), "relay: {e}");
+}
+
+/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
+/// lives when it was not mounted already.
+struct Fusectl {
+    mounted_here: bool,
+}
+
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+impl Fusectl {
+    fn ensure() -> Fusectl {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+
+    /// Aborts the FUSE connection of the mount at `mnt`.
+    fn abort(mnt: &Path) {
+        let dev = fs::metadata(mnt).unwrap().dev();
+        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
+        fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// With gcsfuse's streaming writes a successful fsync does not put the object in the bucket
+/// (see `gcsfuse_streaming_writes_finalize_only_on_close_not_on_fsync`), so a connection that
+/// is aborted while an fsynced file is still open loses it: the outcome must be 75 with the
+/// file named, never clean.
+#[test]
+fn relay_abort_after_fsync_with_a_file_still_open_is_not_clean() {
+    let _fusectl = Fusectl::ensure();
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let mut w = Holder::open(&s.path("synced.bin"));
+    w.cmd("write 2097152 1").unwrap();
+    w.cmd("fsync").unwrap();
+    assert!(!bucket(&server).contains_key("synced.bin"));
+    Fusectl::abort(&s.mnt);
+    let e = s.wait(Duration::from_secs(10));
+    eprintln!("after the abort: {e}");
+    let objects = bucket(&server);
+    assert!(!objects.contains_key("synced.bin"), "{objects:#?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["synced.bin"]),
+        "the lost file is not named: {summary:#}"
+    );
+    assert_eq!(e.code, Some(75), "{e}");
+    drop(w);
+    s.assert_nothing_left();
+}
