@@ -6,3 +6,4 @@ pub mod harness;
 pub mod lowers;
 pub mod pod;
 pub mod relay;
+pub mod stack;
