@@ -178,7 +178,6 @@ impl Server {
     /// A message when the server does not answer (e.g. it is stopped or dead) within
     /// `timeout`, or answers anything but 200 with a listing.
     pub fn listing(&self, timeout: std::time::Duration) -> Result<BTreeMap<String, u64>, String> {
-        use std::io::Read;
         let mut out = BTreeMap::new();
         let mut token: Option<String> = None;
         loop {
@@ -186,25 +185,12 @@ impl Server {
             if let Some(t) = &token {
                 path.push_str(&format!("&pageToken={t}"));
             }
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-            let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)
-                .map_err(|e| format!("connect to {addr}: {e}"))?;
-            conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-            conn.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-            // HTTP/1.0: the answer is not chunked and the connection ends with it.
-            write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port)
-                .map_err(|e| format!("GET {path}: {e}"))?;
-            let mut raw = Vec::new();
-            conn.read_to_end(&mut raw).map_err(|e| format!("GET {path}: {e}"))?;
-            let text = String::from_utf8_lossy(&raw);
-            let (head, body) = text
-                .split_once("\r\n\r\n")
-                .ok_or_else(|| format!("GET {path}: no HTTP header in {text:.200}"))?;
-            if head.split_whitespace().nth(1) != Some("200") {
-                return Err(format!("GET {path}: {head:.200}"));
+            let (code, body) = http_get(self.port, &path, timeout)?;
+            if code != 200 {
+                return Err(format!("GET {path}: HTTP {code}: {body:.200}"));
             }
             let doc: serde_json::Value =
-                serde_json::from_str(body).map_err(|e| format!("GET {path}: {e}: {body:.200}"))?;
+                serde_json::from_str(&body).map_err(|e| format!("GET {path}: {e}: {body:.200}"))?;
             for item in doc["items"].as_array().into_iter().flatten() {
                 let name = item["name"].as_str().unwrap_or_default().to_string();
                 if name.ends_with('/') {
@@ -276,6 +262,45 @@ impl Drop for Server {
             eprintln!("stopping the {} server: {e}", self.kind.name());
         }
     }
+}
+
+/// `GET path` from `127.0.0.1:port` over HTTP/1.0, in this process (no fork): the status code
+/// and the body. HTTP/1.0 makes the server answer without chunked encoding and end the
+/// connection after the answer.
+///
+/// # Errors
+/// A message when connecting, sending or reading fails or takes longer than `timeout`.
+pub fn http_get(
+    port: u16,
+    path: &str,
+    timeout: std::time::Duration,
+) -> Result<(u16, String), String> {
+    use std::io::Read;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    conn.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )
+    .map_err(|e| format!("GET {path}: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("GET {path}: no HTTP header in {text:.200}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("GET {path}: bad status line in {head:.200}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// SHA-256 of `data`, lowercase hex (through `sha256sum`).

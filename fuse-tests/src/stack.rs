@@ -1,7 +1,7 @@
 //! drainfs over a real lower, for the `real_lowers` and `real_gcsfuse` tests: a loopback server
 //! ([`Server`]), and `drainfs run ... -- <its FUSE client>` mounted over that client
 //! ([`Stack`]), with the paths and views of state the tests key on (exit code, summary file,
-//! `/status` through the control socket, objects read back from the server).
+//! `/status` from the admin server, objects read back from the server).
 //!
 //! RAII: dropping a [`Stack`] stops drainfs (SIGTERM, a second SIGTERM, then SIGKILL), then the
 //! FUSE client if drainfs could not, then detaches anything left mounted ([`Mounted`]'s drop),
@@ -51,8 +51,8 @@ pub struct Stack {
     pub exit_file: PathBuf,
     /// drainfs's `--summary-file`.
     pub summary: PathBuf,
-    /// drainfs's `--control-socket` (for `/status`).
-    pub control: PathBuf,
+    /// drainfs's `--admin-addr` port on 127.0.0.1 (for `/status`).
+    pub admin_port: u16,
     /// The FUSE client's PID (drainfs's child).
     pub lower_pid: i32,
 }
@@ -64,7 +64,7 @@ impl Stack {
     }
 
     /// Starts a server of `kind` and `drainfs run --exit-file .. --summary-file ..
-    /// --control-socket .. --lower-ready-timeout 30s <opts> -- <client>`; returns once drainfs
+    /// --admin-addr 127.0.0.1:PORT --lower-ready-timeout 30s <opts> -- <client>`; returns once drainfs
     /// serves, with the client's PID found and its mount checked to be the real client's
     /// (panics otherwise).
     pub fn start_with(kind: Kind, opts: StackOpts) -> Stack {
@@ -79,7 +79,11 @@ impl Stack {
         std::fs::create_dir(&mnt).unwrap();
         let exit_file = dir.path().join("volumes").join("exit");
         let summary = dir.path().join("summary.json");
-        let control = dir.path().join("control.sock");
+        // A port that was free a moment ago.
+        let admin_port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .expect("an ephemeral port")
+            .port();
         let mut args: Vec<String> = opts
             .passthrough
             .map(|p| vec!["--passthrough".to_string(), p])
@@ -89,8 +93,8 @@ impl Stack {
             exit_file.display().to_string(),
             "--summary-file".into(),
             summary.display().to_string(),
-            "--control-socket".into(),
-            control.display().to_string(),
+            "--admin-addr".into(),
+            format!("127.0.0.1:{admin_port}"),
             "--lower-ready-timeout".into(),
             "30s".into(),
         ]);
@@ -122,7 +126,7 @@ impl Stack {
             kind,
             exit_file,
             summary,
-            control,
+            admin_port,
             lower_pid: lower_pid.unwrap_or(-1),
         };
         assert!(s.lower_pid > 0, "drainfs has no child (the FUSE client)");
@@ -162,18 +166,13 @@ impl Stack {
         serde_json::from_str(&text).unwrap()
     }
 
-    /// drainfs's `/status` (`drainfs status --json` on the control socket); `None` while
-    /// nothing answers there. Forks (see [`serial`]).
+    /// drainfs's `/status` from its admin server, asked in this process (no fork, so no
+    /// stray FLUSH of a file the test holds open: see [`serial`]); `None` while nothing
+    /// answers there.
     pub fn status(&self) -> Option<serde_json::Value> {
-        let out = std::process::Command::new(crate::harness::bin("drainfs"))
-            .args(["status", "--json", "--control-socket"])
-            .arg(&self.control)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        let (code, body) =
+            crate::lowers::http_get(self.admin_port, "/status", Duration::from_secs(5)).ok()?;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
     }
 
     /// After drainfs exited: nothing mounted, the client's process gone.
