@@ -705,6 +705,7 @@ fn deadline_with_the_server_stopped_exits_75_and_names_the_file() {
         "exited {took:?} after the trigger, past the grace period"
     );
     let sum = s.summary();
+    eprintln!("summary after the deadline: {sum}");
     assert_eq!(sum["outcome"], "incomplete", "{sum}");
     assert_eq!(sum["forced"], "deadline", "{sum}");
     let named: Vec<String> =
@@ -754,11 +755,14 @@ fn gcsfuse_sigkilled_with_a_file_open_exits_69() {
         [libc::EIO, libc::ENOTCONN, libc::ECONNABORTED].contains(&errno),
         "write after gcsfuse died: {err}"
     );
+    let closed = close(f);
+    eprintln!("after gcsfuse's SIGKILL: write {err}, close {closed:?}");
     assert!(
-        close(f).is_err(),
+        closed.is_err(),
         "close() returned 0 on a file gcsfuse never uploaded"
     );
     let code = s.wait_exit(Duration::from_secs(30));
+    eprintln!("drainfs exited {:?} after the SIGKILL", t.elapsed());
     assert_eq!(code, 69, "{}", s.m.proc.stderr_text());
     let sum = s.summary();
     assert_eq!(sum["outcome"], "lower_failed", "{sum}");
@@ -797,7 +801,10 @@ fn server_killed_under_an_open_file_is_not_a_clean_exit() {
     s.trigger_exit_file();
     let code = s.wait_exit(Duration::from_secs(30));
     let r = closer.join().unwrap();
-    eprintln!("close() with the server dead: {r:?}; drainfs exit {code}");
+    eprintln!(
+        "close() with the server dead: {r:?}; drainfs exit {code}: {}",
+        std::fs::read_to_string(&s.summary).unwrap_or_default()
+    );
     assert!(r.is_err(), "close() returned 0 although the server is dead");
     assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
     let sum = s.summary();
