@@ -268,6 +268,71 @@ fn gcsfuse_alone_publishes_at_close_not_at_fsync() {
     assert_eq!(server.objects().get("alone.bin"), Some(&object_of(&data)));
 }
 
+/// gcsfuse finalizes at every FLUSH: the close of the fd copy a forked child's exec makes
+/// publishes what was written so far, and the file's own close() publishes it all; renaming a
+/// file that is still open publishes it under the new name, and the fd's next write fails with
+/// ESTALE.
+#[test]
+fn gcsfuse_finalizes_at_every_flush_and_at_the_rename_of_an_open_file() {
+    let _serial = serial();
+    require_installed(&["true"]);
+    let first = pattern(130, MIB);
+    let second = pattern(131, MIB + 5);
+    let whole = [first.as_slice(), second.as_slice()].concat();
+    let renamed = pattern(132, 3 * MIB);
+    let want = BTreeMap::from([
+        ("forked.bin".to_string(), object_of(&whole)),
+        ("renamed.bin".to_string(), object_of(&renamed)),
+    ]);
+    let mut s = stack(&[]);
+    let mut f = open(
+        &s.m.path("forked.bin"),
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        0o644,
+    )
+    .unwrap();
+    f.write_all(&first).unwrap();
+    assert_eq!(listing(&s.server).get("forked.bin"), None);
+    // The child's exec closes its copy of `f` (O_CLOEXEC): a FLUSH.
+    let st = std::process::Command::new("true").status().unwrap();
+    assert!(st.success());
+    assert_eq!(
+        listing(&s.server).get("forked.bin"),
+        Some(&(first.len() as u64)),
+        "the exec's FLUSH did not publish the partial file"
+    );
+    f.write_all(&second).expect("writes after the early FLUSH");
+    close(f).expect("close");
+    assert_eq!(
+        listing(&s.server).get("forked.bin"),
+        Some(&(whole.len() as u64))
+    );
+
+    let mut g = open(
+        &s.m.path(".renamed.tmp"),
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        0o644,
+    )
+    .unwrap();
+    g.write_all(&renamed).unwrap();
+    std::fs::rename(s.m.path(".renamed.tmp"), s.m.path("renamed.bin")).expect("rename while open");
+    assert_eq!(
+        listing(&s.server).get("renamed.bin"),
+        Some(&(renamed.len() as u64)),
+        "the rename did not publish the open file"
+    );
+    let late = g.write_all(b"late");
+    assert_eq!(
+        late.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ESTALE)),
+        "write after the rename: {late:?}"
+    );
+    close(g).expect("close after the rename");
+    s.trigger_exit_file();
+    assert_clean(&mut s, "exit_file", Duration::from_secs(60));
+    s.assert_bucket(&want);
+}
+
 /// Write a temp file, close it, rename it into place (also over an existing object): the
 /// bucket has the final names with the new content and no temp file.
 #[test]
