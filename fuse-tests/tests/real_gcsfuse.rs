@@ -838,6 +838,44 @@ fn gcsfuse_sigkilled_with_a_file_open_exits_69() {
     assert_eq!(got.get("open.bin"), None, "{got:?}");
 }
 
+/// Someone else sends gcsfuse SIGTERM (drainfs holds fds on the lower, so gcsfuse's own unmount
+/// fails with EBUSY): gcsfuse keeps serving, and a file written then is complete; 30 s after
+/// the signal its watchdog exits 0 with the mount still there, and drainfs takes that for a
+/// dead lower: exit 69, nothing left mounted.
+#[test]
+fn gcsfuse_sigterm_from_outside_keeps_serving_then_exits_0_after_30_s() {
+    let _serial = serial();
+    require_installed(&[]);
+    let data = pattern(140, 2 * MIB);
+    let want = object_of(&data);
+    let mut s = stack(&[]);
+    let t = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.lower_pid), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    write_file(&s.m.path("after-sigterm.bin"), &data).expect("gcsfuse still serves");
+    assert!(
+        s.m.proc.wait_timeout(Duration::from_secs(20)).is_none(),
+        "drainfs exited within 20 s of gcsfuse's SIGTERM"
+    );
+    let code = s.wait_exit(Duration::from_secs(40));
+    let took = t.elapsed();
+    eprintln!("drainfs exited {code} {took:?} after gcsfuse's SIGTERM");
+    assert!(
+        took >= Duration::from_secs(29),
+        "gcsfuse stopped after {took:?}"
+    );
+    assert_eq!(code, 69, "{}", s.m.proc.stderr_text());
+    let sum = s.summary();
+    assert_eq!(sum["outcome"], "lower_failed", "{sum}");
+    assert_eq!(sum["cause"]["cause"], "lower_died", "{sum}");
+    eprintln!(
+        "lower_exit {} lower_died {}",
+        sum["lower_exit"], sum["lower_died"]
+    );
+    s.assert_clean_end();
+    s.assert_bucket(&BTreeMap::from([("after-sigterm.bin".to_string(), want)]));
+}
+
 /// fake-gcs-server killed while a file is open, then the file is closed and the exit file
 /// written: close() does not return 0, drainfs does not exit 0, and the summary names the file
 /// (the bucket died with the server, so nothing can be read back).
