@@ -936,9 +936,9 @@ impl Rng {
     }
 }
 
-/// Three rounds, each: an application writing files of random sizes (some over a
-/// streaming-write block), and at a random moment a random trigger (exit file, native SIGTERM,
-/// plain SIGTERM). The application stops at its first refused open (ESHUTDOWN) or after 12
+/// Three rounds, each: one to three application threads writing files of random sizes (some
+/// over a streaming-write block), and at a random moment a random trigger (exit file, native
+/// SIGTERM, plain SIGTERM). Each thread stops at its first refused open (ESHUTDOWN) or after 8
 /// files. Every file whose close() returned 0 is complete, the bucket has nothing else, and
 /// drainfs exits 0 (nothing was outstanding that the application did not finish). The seed is
 /// printed; `DRAINFS_TEST_SEED=N` replays a run.
@@ -960,59 +960,78 @@ fn randomized_stop_moments() {
     for round in 0..3 {
         let trigger = rng.below(3);
         let delay = Duration::from_millis(rng.below(1500));
-        let sizes: Vec<usize> = (0..12)
-            .map(|_| match rng.below(6) {
-                0 => 0,
-                1 => BLOCK + rng.below(4 * MIB as u64) as usize,
-                _ => rng.below(3 * MIB as u64) as usize + 1,
+        let writers = 1 + rng.below(3) as usize;
+        // Per writer, the sizes of its files (a few cross a streaming-write block).
+        let sizes: Vec<Vec<usize>> = (0..writers)
+            .map(|_| {
+                (0..8)
+                    .map(|_| match rng.below(8) {
+                        0 => 0,
+                        1 => BLOCK + rng.below(4 * MIB as u64) as usize,
+                        _ => rng.below(3 * MIB as u64) as usize + 1,
+                    })
+                    .collect()
             })
             .collect();
-        let payloads: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| pattern(seed ^ (round * 100 + i as u64), *n))
-            .collect();
-        let wants: Vec<Object> = payloads.iter().map(|d| object_of(d)).collect();
         let (name, args): (&str, &[&str]) = match trigger {
             0 => ("exit file", &[]),
             1 => ("native SIGTERM", &["--native-sidecar"]),
             _ => ("plain SIGTERM", &[]),
         };
-        eprintln!("round {round}: {name} after {delay:?}, sizes {sizes:?}");
-        let mut s = stack(args);
-        let dir = s.m.path("");
-        let writer = std::thread::spawn(move || {
-            let mut done = BTreeSet::new();
-            for (i, d) in payloads.iter().enumerate() {
-                match write_file(&dir.join(format!("r-{i:02}")), d) {
-                    Ok(()) => {
-                        done.insert(i);
-                    }
-                    Err(e) => return (done, Some((i, e))),
-                }
+        eprintln!("round {round}: {name} after {delay:?}, {writers} writers, sizes {sizes:?}");
+        let mut wants: BTreeMap<String, Object> = BTreeMap::new();
+        let mut jobs: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
+        for (w, files) in sizes.iter().enumerate() {
+            let mut job = Vec::new();
+            for (i, n) in files.iter().enumerate() {
+                let key = format!("w{w}-{i:02}");
+                let d = pattern(seed ^ (round * 1000 + w as u64 * 100 + i as u64), *n);
+                wants.insert(key.clone(), object_of(&d));
+                job.push((key, d));
             }
-            (done, None)
-        });
+            jobs.push(job);
+        }
+        let mut s = stack(args);
+        let threads: Vec<_> = jobs
+            .into_iter()
+            .map(|job| {
+                let dir = s.m.path("");
+                std::thread::spawn(move || {
+                    let mut done = BTreeSet::new();
+                    for (key, d) in &job {
+                        match write_file(&dir.join(key), d) {
+                            Ok(()) => {
+                                done.insert(key.clone());
+                            }
+                            Err(e) => return (done, Some((key.clone(), e))),
+                        }
+                    }
+                    (done, None)
+                })
+            })
+            .collect();
         std::thread::sleep(delay);
         match trigger {
             0 => s.trigger_exit_file(),
             _ => s.m.proc.signal(Signal::SIGTERM),
         }
-        let (done, refused) = writer.join().unwrap();
-        eprintln!("round {round}: closed {done:?}, stopped by {refused:?}");
-        if let Some((i, e)) = &refused {
-            assert_eq!(
-                e.raw_os_error(),
-                Some(libc::ESHUTDOWN),
-                "round {round} (seed {seed}): file {i} failed: {e}"
-            );
+        let mut done = BTreeSet::new();
+        for t in threads {
+            let (d, refused) = t.join().unwrap();
+            eprintln!("round {round}: closed {d:?}, stopped by {refused:?}");
+            if let Some((key, e)) = &refused {
+                assert_eq!(
+                    e.raw_os_error(),
+                    Some(libc::ESHUTDOWN),
+                    "round {round} (seed {seed}): {key} failed: {e}"
+                );
+            }
+            done.extend(d);
         }
         let cause = if trigger == 0 { "exit_file" } else { "sigterm" };
         assert_clean(&mut s, cause, Duration::from_secs(120));
-        let want: BTreeMap<String, Object> = done
-            .iter()
-            .map(|i| (format!("r-{i:02}"), wants[*i].clone()))
-            .collect();
+        let want: BTreeMap<String, Object> =
+            done.iter().map(|k| (k.clone(), wants[k].clone())).collect();
         s.assert_bucket(&want);
     }
 }
