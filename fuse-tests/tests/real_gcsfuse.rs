@@ -8,9 +8,10 @@
 //! (`open_paths`, `failed_flushes`, `outcome`) say exactly what was not.
 //!
 //! gcsfuse itself, as these tests find it: with streaming writes (its default) an object
-//! appears in the bucket only when the file is closed (FLUSH); fsync uploads nothing visible,
-//! and neither do the 32 MiB blocks streamed during write(). So nothing the application has
-//! not closed is in the bucket, and every close() that drainfs lets through is an upload.
+//! appears in the bucket only at a FLUSH (a close() of the file or of a copy of its fd) or a
+//! rename; fsync publishes nothing, and neither do the 32 MiB blocks streamed during write().
+//! So every close() that drainfs lets through is an upload, and gcsfuse's own behaviour on a
+//! signal (its 30 s watchdog), a dead server and a SIGKILL is checked here too.
 //!
 //! The tests take turns ([`serial`]) and never fork while a file is open: the exec of a forked
 //! child closes its copy of every open fd, each such close is a FLUSH, and gcsfuse finalizes the
