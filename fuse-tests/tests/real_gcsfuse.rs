@@ -624,8 +624,8 @@ fn native_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
 }
 
 /// A plain SIGTERM (regular sidecar) while the application keeps writing files (its last
-/// checkpoint): drainfs keeps serving while the mount is busy, every file whose close()
-/// returned 0 is complete, and drainfs exits 0 once the application has stopped.
+/// checkpoint): drainfs keeps serving while the mount is busy (no open is refused), every file
+/// is complete, and drainfs exits 0 once the application has stopped.
 #[test]
 fn plain_sigterm_with_the_app_still_writing() {
     let _serial = serial();
@@ -641,7 +641,6 @@ fn plain_sigterm_with_the_app_still_writing() {
     let writer = std::thread::spawn(move || {
         let mut done: Vec<(usize, Instant)> = Vec::new();
         let mut refused = None;
-        let start = Instant::now();
         for (i, d) in payloads.iter().enumerate() {
             if i == 5 {
                 tx.send(()).unwrap();
@@ -652,9 +651,6 @@ fn plain_sigterm_with_the_app_still_writing() {
                     refused = Some((i, e));
                     break;
                 }
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                break;
             }
         }
         (done, refused)
@@ -674,10 +670,18 @@ fn plain_sigterm_with_the_app_still_writing() {
         done.len(),
         after.len()
     );
-    assert!(!after.is_empty(), "no file was written after the SIGTERM");
-    if let Some((_, e)) = &refused {
-        assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN), "{e}");
-    }
+    // The writer never leaves the mount idle for the quiet period (500 ms): none of its opens
+    // is refused, and most of its files are written after the SIGTERM.
+    assert!(
+        refused.is_none(),
+        "an open was refused while the application kept writing: {refused:?}"
+    );
+    assert_eq!(done.len(), 40);
+    assert!(
+        after.len() >= 30,
+        "only {} files after the SIGTERM",
+        after.len()
+    );
     assert_clean(&mut s, "sigterm", Duration::from_secs(60));
     let want: BTreeMap<String, Object> = done
         .iter()
