@@ -923,6 +923,84 @@ fn server_killed_under_an_open_file_is_not_a_clean_exit() {
     s.assert_clean_end();
 }
 
+/// gcsfuse without `--foreground` daemonizes: the process drainfs started exits once its
+/// daemon has mounted, and drainfs takes that for a dead lower (exit 69, as the README says),
+/// and leaves nothing mounted (the daemon ends with its unmounted mount).
+#[test]
+fn gcsfuse_without_foreground_is_a_dead_lower() {
+    let _serial = serial();
+    require_installed(&[]);
+    let server = Server::start(Kind::Gcsfuse);
+    let dir = tempfile::Builder::new()
+        .prefix("drainfs-real-gcsfuse-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lower = dir.path().join("lower");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let summary = dir.path().join("summary.json");
+    let lower_cmd: Vec<String> = server
+        .mount_cmd(&lower)
+        .into_iter()
+        .filter(|a| a != "--foreground")
+        .collect();
+    let mut m = fuse_tests::harness::Mounted::start_in(
+        dir,
+        lower.clone(),
+        mnt.clone(),
+        fuse_tests::harness::MountOpts {
+            args: vec![
+                "--summary-file".into(),
+                summary.display().to_string(),
+                "--lower-ready-timeout".into(),
+                "30s".into(),
+            ],
+            lower_cmd,
+            no_wait: true,
+        },
+    );
+    let st = m
+        .proc
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("drainfs did not exit:\n{}", m.proc.stderr_text()));
+    assert_eq!(st.code(), Some(69), "{}", m.proc.stderr_text());
+    let sum: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).unwrap();
+    eprintln!("without --foreground: {sum}");
+    assert_eq!(sum["outcome"], "lower_failed", "{sum}");
+    assert!(
+        wait_until(
+            Duration::from_secs(10),
+            || !fuse_tests::harness::is_mounted(&lower) && !fuse_tests::harness::is_mounted(&mnt)
+        ),
+        "a mount was left behind"
+    );
+    // The daemon (not drainfs's child) ends by itself once its mount is gone; if not, it is
+    // this test's to kill.
+    let daemons = || -> Vec<i32> {
+        let needle = lower.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(&needle))
+                    .unwrap_or(false)
+            })
+            .filter(|pid| fuse_tests::lowers::pid_alive(*pid))
+            .collect()
+    };
+    let gone = wait_until(Duration::from_secs(10), || daemons().is_empty());
+    let left = daemons();
+    for pid in &left {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    assert!(gone, "gcsfuse's daemon outlived its mount: {left:?}");
+}
+
 // ---------------------------------------------------------------- randomized stop moments
 
 /// xorshift64*, seeded.
