@@ -577,17 +577,29 @@ fn writers_beside_a_reader_and_a_second_writer() {
 
 // ---------------------------------------------------------------- the triggers
 
-/// A 256 MiB file (eight streaming-write blocks) inside close() when a native sidecar's
-/// SIGTERM comes (the server is held stopped for the moment, so the close is certainly still
-/// uploading): close() returns 0, drainfs drains only after it, exits 0, and the object is
-/// complete.
-#[test]
-fn native_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
+/// How a test stops drainfs.
+#[derive(Debug, Clone, Copy)]
+enum Trigger {
+    /// The exit file (regular sidecar, workload gone).
+    ExitFile,
+    /// SIGTERM with `--native-sidecar` (workload gone).
+    NativeSigterm,
+    /// SIGTERM of a regular sidecar (the application may still write).
+    PlainSigterm,
+}
+
+/// A 256 MiB file (eight streaming-write blocks) inside close() when `trigger` comes (the
+/// server is held stopped for the moment, so the close is certainly still uploading): close()
+/// returns 0, drainfs drains only after it, exits 0, and the object is complete.
+fn large_file_inside_close_at(trigger: Trigger) {
     let _serial = serial();
     require_installed(&[]);
     let data = pattern(3, 256 * MIB);
     let want = object_of(&data);
-    let mut s = stack(&["--native-sidecar"]);
+    let mut s = match trigger {
+        Trigger::NativeSigterm => stack(&["--native-sidecar"]),
+        _ => stack(&[]),
+    };
     let server_pid = s.server.pid;
     let c = write_then_close(
         s.m.path("model.bin"),
@@ -598,7 +610,10 @@ fn native_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
         },
     );
     let signalled = Instant::now();
-    s.m.proc.signal(Signal::SIGTERM);
+    match trigger {
+        Trigger::ExitFile => s.trigger_exit_file(),
+        _ => s.m.proc.signal(Signal::SIGTERM),
+    }
     std::thread::sleep(Duration::from_millis(300));
     let still_in_close = in_close(c.tid, c.fd);
     let drainfs_running = s.m.proc.wait_timeout(Duration::ZERO).is_none();
@@ -607,20 +622,39 @@ fn native_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
         .thread
         .join()
         .unwrap()
-        .unwrap_or_else(|e| panic!("close() failed after SIGTERM: {e}"));
+        .unwrap_or_else(|e| panic!("close() failed after the {trigger:?}: {e}"));
     assert!(still_in_close, "close() ended while the server was stopped");
     assert!(
         drainfs_running,
         "drainfs exited while a close() was uploading"
     );
-    let sum = assert_clean(&mut s, "sigterm", Duration::from_secs(120));
+    let cause = match trigger {
+        Trigger::ExitFile => "exit_file",
+        _ => "sigterm",
+    };
+    let sum = assert_clean(&mut s, cause, Duration::from_secs(120));
     let drained = Duration::from_millis(sum["timings"]["drained_ms"].as_u64().unwrap());
     assert!(
         drained + Duration::from_millis(200) >= closed.duration_since(signalled),
-        "drained {drained:?} after SIGTERM, but close() returned {:?} after it: {sum}",
+        "drained {drained:?} after the trigger, but close() returned {:?} after it: {sum}",
         closed.duration_since(signalled)
     );
     s.assert_bucket(&BTreeMap::from([("model.bin".to_string(), want)]));
+}
+
+#[test]
+fn native_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
+    large_file_inside_close_at(Trigger::NativeSigterm);
+}
+
+#[test]
+fn exit_file_while_a_256_mib_file_is_inside_close_keeps_the_object() {
+    large_file_inside_close_at(Trigger::ExitFile);
+}
+
+#[test]
+fn plain_sigterm_while_a_256_mib_file_is_inside_close_keeps_the_object() {
+    large_file_inside_close_at(Trigger::PlainSigterm);
 }
 
 /// A plain SIGTERM (regular sidecar) while the application keeps writing files (its last
