@@ -804,12 +804,15 @@ fn deadline_with_the_server_stopped_exits_75_and_names_the_file() {
     let code = s.wait_exit(Duration::from_secs(30));
     let took = t.elapsed();
     assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
-    assert!(
-        took < Duration::from_secs(10),
-        "exited {took:?} after the trigger, past the grace period"
-    );
     let sum = s.summary();
-    eprintln!("summary after the deadline: {sum}");
+    eprintln!("summary after the deadline ({took:?} after the trigger): {sum}");
+    // drainfs's own clock: it forces at 9 s (the grace period less its 1 s margin) and must
+    // have written its summary before the grace period ends.
+    let exit_ms = sum["timings"]["exit_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        exit_ms < 10_000,
+        "drainfs exited {exit_ms} ms after the trigger, past the 10 s grace period: {sum}"
+    );
     assert_eq!(sum["outcome"], "incomplete", "{sum}");
     assert_eq!(sum["forced"], "deadline", "{sum}");
     let named: Vec<String> =
