@@ -7,3 +7,4 @@ pub mod harness;
 pub mod lowers;
 pub mod pod;
 pub mod relay;
+pub mod stack;

@@ -134,6 +134,9 @@ pub struct Server {
     pub port: u16,
     /// The bucket.
     pub bucket: String,
+    /// The server's PID (a direct child of nobody in this process: `lowers.py` started it in
+    /// its own session).
+    pub pid: i32,
     workdir: tempfile::TempDir,
 }
 
@@ -153,7 +156,56 @@ impl Server {
             kind,
             port: v["port"].as_u64().expect("port") as u16,
             bucket: v["bucket"].as_str().expect("bucket").to_string(),
+            pid: v["pid"].as_i64().expect("pid") as i32,
             workdir,
+        }
+    }
+
+    /// Sends `sig` to the server's process (SIGSTOP to wedge it, SIGKILL to lose it). A
+    /// stopped server is continued when the `Server` drops.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), sig);
+    }
+
+    /// The object names and sizes in the bucket (directory markers left out), asked from the
+    /// server over HTTP/1.0 from this process, without forking: a fork+exec anywhere in the
+    /// test process closes the child's copies of every open fd, and each of those closes is a
+    /// FLUSH, which makes gcsfuse finalize a file the test still holds open. Only for
+    /// `Kind::Gcsfuse` and `Kind::Gcs` (the GCS JSON API); sizes only, no content
+    /// ([`Server::objects`] reads content, but forks).
+    ///
+    /// # Errors
+    /// A message when the server does not answer (e.g. it is stopped or dead) within
+    /// `timeout`, or answers anything but 200 with a listing.
+    pub fn listing(&self, timeout: std::time::Duration) -> Result<BTreeMap<String, u64>, String> {
+        let mut out = BTreeMap::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut path = format!("/storage/v1/b/{}/o?maxResults=1000", self.bucket);
+            if let Some(t) = &token {
+                path.push_str(&format!("&pageToken={t}"));
+            }
+            let (code, body) = http_get(self.port, &path, timeout)?;
+            if code != 200 {
+                return Err(format!("GET {path}: HTTP {code}: {body:.200}"));
+            }
+            let doc: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| format!("GET {path}: {e}: {body:.200}"))?;
+            for item in doc["items"].as_array().into_iter().flatten() {
+                let name = item["name"].as_str().unwrap_or_default().to_string();
+                if name.ends_with('/') {
+                    continue;
+                }
+                let size = match &item["size"] {
+                    serde_json::Value::String(s) => s.parse().unwrap_or(0),
+                    v => v.as_u64().unwrap_or(0),
+                };
+                out.insert(name, size);
+            }
+            token = doc["nextPageToken"].as_str().map(str::to_string);
+            if token.is_none() {
+                return Ok(out);
+            }
         }
     }
 
@@ -201,11 +253,54 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // A test may have stopped it (SIGSTOP): a stopped server would not see the SIGTERM.
+        if pid_alive(self.pid) {
+            self.signal(nix::sys::signal::Signal::SIGCONT);
+        }
         let wd = self.workdir.path().to_string_lossy().into_owned();
         if let Err(e) = lowers_py(&["stop", "--workdir", &wd]) {
             eprintln!("stopping the {} server: {e}", self.kind.name());
         }
     }
+}
+
+/// `GET path` from `127.0.0.1:port` over HTTP/1.0, in this process (no fork): the status code
+/// and the body. HTTP/1.0 makes the server answer without chunked encoding and end the
+/// connection after the answer.
+///
+/// # Errors
+/// A message when connecting, sending or reading fails or takes longer than `timeout`.
+pub fn http_get(
+    port: u16,
+    path: &str,
+    timeout: std::time::Duration,
+) -> Result<(u16, String), String> {
+    use std::io::Read;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    conn.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )
+    .map_err(|e| format!("GET {path}: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("GET {path}: no HTTP header in {text:.200}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("GET {path}: bad status line in {head:.200}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// SHA-256 of `data`, lowercase hex (through `sha256sum`).

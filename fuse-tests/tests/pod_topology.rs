@@ -278,3 +278,79 @@ fn pod_lifecycle_over_rclone_with_default_flags() {
     }
     pod.assert_volumes_intact(&sidecar, &in_sidecar);
 }
+
+/// The production shape over the real gcsfuse v3.11.2 (fake-gcs-server on loopback) with
+/// drainfs's default flags: drainfs is PID 1 of the sidecar, gcsfuse mounts the lower volume
+/// inside the sidecar's namespace (where `auto` gives writers kernel passthrough), the
+/// application writes through the propagated mount from its own namespace, the exit file stops
+/// everything with exit 0 and gcsfuse's own exit 0 after drainfs's SIGINT, every object is
+/// complete on the server, and the volumes survive.
+#[test]
+fn pod_lifecycle_over_gcsfuse_with_default_flags() {
+    require_installed(&[]);
+    let server = Server::start(Kind::Gcsfuse);
+    let pod = Pod::new();
+    let mut app = Container::app(&app_script(&pod));
+    let lower_cmd = server.mount_cmd(&pod.lower.path);
+    let mut sidecar = Container::sidecar(&sidecar_argv(&pod, &[], lower_cmd), &log_env());
+    let ready = pod.signal.path.join("ready");
+    assert!(
+        wait_until(Duration::from_secs(40), || ready.exists()),
+        "drainfs never became ready:\n{}",
+        stderr_of(&sidecar)
+    );
+    assert_drainfs_is_pid1(&sidecar);
+    let inside = mountinfo_of(&sidecar.pid1.to_string());
+    let in_sidecar = vec![
+        pod.volume_mount(&inside, &pod.data.path),
+        pod.volume_mount(&inside, &pod.lower.path),
+    ];
+    assert_eq!(
+        top_at(&inside, &pod.lower.path).map(|m| m.fstype),
+        Some(Kind::Gcsfuse.fstype().to_string()),
+        "gcsfuse is not mounted on the lower volume: {inside:#?}"
+    );
+    // gcsfuse's mount stays inside the sidecar (the lower volume is private there).
+    assert!(
+        top_at(&mountinfo_of("self"), &pod.lower.path).is_some_and(|m| !m.is_fuse()),
+        "gcsfuse's mount leaked to the node"
+    );
+    let st = app
+        .wait_timeout(Duration::from_secs(90))
+        .expect("app exits");
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "app failed:\n{}",
+        app.proc.stderr_text()
+    );
+    let st = sidecar
+        .wait_timeout(Duration::from_secs(60))
+        .expect("drainfs exits after the exit file");
+    assert_eq!(st.code(), Some(0), "{}", stderr_of(&sidecar));
+    assert!(!ready.exists());
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(pod.path("run/summary.json")).expect("the summary file"),
+    )
+    .unwrap();
+    assert_eq!(summary["outcome"], "clean", "{summary}");
+    assert_eq!(summary["cause"]["cause"], "exit_file", "{summary}");
+    assert_eq!(summary["lower_exit"], "exit 0", "{summary}");
+    // Kernel passthrough carried the writes: none went through drainfs's own data path.
+    assert_eq!(summary["counts"]["bytes_written"], 0, "{summary}");
+    assert!(
+        summary["counts"]["opened_write"].as_u64() >= Some(FILES as u64),
+        "{summary}"
+    );
+    let objects = server.objects();
+    for i in 1..=FILES {
+        let key = format!("out/f-{i}");
+        assert_eq!(
+            objects.get(&key),
+            Some(&object_of(&content(i))),
+            "object {key} on the server"
+        );
+    }
+    assert_eq!(objects.len(), FILES, "{objects:?}");
+    pod.assert_volumes_intact(&sidecar, &in_sidecar);
+}

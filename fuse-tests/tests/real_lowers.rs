@@ -29,11 +29,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{close, open, pattern};
-use fuse_tests::harness::{MountOpts, Mounted, is_mounted, wait_until};
-use fuse_tests::lowers::{
-    Kind, Object, Server, child_pids, fstype_at, object_of, objects_of_tree, pid_alive,
-    require_installed,
-};
+use fuse_tests::harness::wait_until;
+use fuse_tests::lowers::{Kind, Object, Server, object_of, objects_of_tree, require_installed};
+use fuse_tests::stack::{Stack, StackOpts, in_close, serial, write_file};
 use nix::sys::signal::Signal;
 
 /// drainfs runs with default flags over both lowers: `--passthrough auto` gives writers kernel
@@ -42,24 +40,6 @@ use nix::sys::signal::Signal;
 /// passthrough handle never gets a FLUSH: LOWERS-NOTES.md, section 4).
 const MIB: usize = 1 << 20;
 
-/// One test at a time in this process (see the module doc). Take it before anything forks.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A server, and `drainfs run` mounted over that server's FUSE client. Fields drop in order:
-/// drainfs (and the client) first, then the server.
-struct Stack {
-    m: Mounted,
-    server: Server,
-    kind: Kind,
-    exit_file: PathBuf,
-    summary: PathBuf,
-    /// The FUSE client's PID (drainfs's child).
-    lower_pid: i32,
-}
-
 /// `passthrough`: `Some(mode)` passes `--passthrough mode`; `None` leaves drainfs's default.
 fn stack(kind: Kind, passthrough: Option<&str>) -> Stack {
     stack_with(kind, passthrough, &[])
@@ -67,157 +47,14 @@ fn stack(kind: Kind, passthrough: Option<&str>) -> Stack {
 
 /// [`stack`] with more drainfs flags.
 fn stack_with(kind: Kind, passthrough: Option<&str>, extra: &[&str]) -> Stack {
-    let server = Server::start(kind);
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("drainfs-real-{}-", kind.name()))
-        .tempdir_in("/tmp")
-        .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let exit_file = dir.path().join("volumes").join("exit");
-    let summary = dir.path().join("summary.json");
-    let mut args: Vec<String> = passthrough
-        .map(|p| vec!["--passthrough".to_string(), p.to_string()])
-        .unwrap_or_default();
-    args.extend([
-        "--exit-file".into(),
-        exit_file.display().to_string(),
-        "--summary-file".into(),
-        summary.display().to_string(),
-        "--lower-ready-timeout".into(),
-        "30s".into(),
-    ]);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let lower_cmd = server.mount_cmd(&lower);
-    let client = lower_cmd[0].clone();
-    let m = Mounted::start_in(
-        dir,
-        lower.clone(),
-        mnt,
-        MountOpts {
-            args,
-            lower_cmd,
-            no_wait: false,
-        },
-    );
-    let mut lower_pid = None;
-    wait_until(Duration::from_secs(5), || {
-        lower_pid = child_pids(m.proc.pid()).into_iter().find(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmdline.split(|b| *b == 0).next() == Some(client.as_bytes())
-        });
-        lower_pid.is_some()
-    });
-    let s = Stack {
-        m,
-        server,
+    Stack::start_with(
         kind,
-        exit_file,
-        summary,
-        lower_pid: lower_pid.unwrap_or(-1),
-    };
-    assert!(s.lower_pid > 0, "drainfs has no child (the FUSE client)");
-    assert_eq!(
-        fstype_at(&lower).as_deref(),
-        Some(kind.fstype()),
-        "the real client is not mounted under drainfs"
-    );
-    s
-}
-
-impl Stack {
-    /// Writes the exit file the way Kubernetes wrappers do: a temp file, then a rename.
-    fn trigger_exit_file(&self) {
-        let dir = self.exit_file.parent().unwrap();
-        std::fs::create_dir_all(dir).unwrap();
-        let tmp = dir.join(".exit.tmp");
-        std::fs::write(&tmp, b"").unwrap();
-        std::fs::rename(&tmp, &self.exit_file).unwrap();
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.m.proc.stderr_text()
-            )
-        });
-        st.code().unwrap_or(-1)
-    }
-
-    fn summary(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(&self.summary)
-            .unwrap_or_else(|e| panic!("no summary file ({e}):\n{}", self.m.proc.stderr_text()));
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// After drainfs exited: nothing mounted, the client's process gone.
-    fn assert_clean_end(&self) {
-        assert!(!is_mounted(&self.m.mnt), "drainfs's mount left behind");
-        assert!(!is_mounted(&self.m.lower), "the lower's mount left behind");
-        assert!(
-            wait_until(Duration::from_secs(2), || !pid_alive(self.lower_pid)),
-            "the FUSE client (pid {}) is still running",
-            self.lower_pid
-        );
-    }
-
-    /// The bucket holds exactly `want` (same keys, sizes and SHA-256).
-    fn assert_bucket(&self, want: &BTreeMap<String, Object>) {
-        let got = self.server.objects();
-        let missing: Vec<&String> = want.keys().filter(|k| !got.contains_key(*k)).collect();
-        let extra: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
-        let wrong: Vec<String> = want
-            .iter()
-            .filter_map(|(k, w)| {
-                let g = got.get(k)?;
-                (g != w).then(|| {
-                    format!(
-                        "{k}: {} B sha256 {:.12} (want {} B sha256 {:.12})",
-                        g.size, g.sha256, w.size, w.sha256
-                    )
-                })
-            })
-            .collect();
-        assert!(
-            missing.is_empty() && extra.is_empty() && wrong.is_empty(),
-            "{} bucket differs: missing {missing:?}, unexpected {extra:?}, wrong content {wrong:?}",
-            self.kind.name()
-        );
-    }
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        // drainfs first: SIGTERM (drain), a second SIGTERM (finish now), then SIGKILL. Then the
-        // client, in case drainfs could not stop it. Mounted's own drop detaches what is left
-        // mounted, and Server's stops the server.
-        let p = &mut self.m.proc;
-        if p.wait_timeout(Duration::ZERO).is_none() {
-            p.signal(Signal::SIGTERM);
-            if p.wait_timeout(Duration::from_secs(5)).is_none() {
-                p.signal(Signal::SIGTERM);
-                if p.wait_timeout(Duration::from_secs(5)).is_none() {
-                    p.signal(Signal::SIGKILL);
-                    let _ = p.wait_timeout(Duration::from_secs(5));
-                }
-            }
-        }
-        if self.lower_pid > 0 && pid_alive(self.lower_pid) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.lower_pid), Signal::SIGKILL);
-        }
-    }
-}
-
-/// Creates `path` (O_TRUNC), writes `data` and closes it, returning close()'s error: the upload
-/// happens inside close(), so that is where its failure shows.
-fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644)?;
-    f.write_all(data)?;
-    close(f)
+        StackOpts {
+            passthrough: passthrough.map(str::to_string),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            ..StackOpts::default()
+        },
+    )
 }
 
 fn run(cmd: &mut Command) {
@@ -322,16 +159,6 @@ fn s3_workload_then_exit_file_uploads_everything() {
 }
 
 // ---------------------------------------------------------------- SIGTERM inside close()
-
-/// Whether thread `tid` of this process is inside `close(fd)` (from /proc, as `strace -p`
-/// would see it).
-fn in_close(tid: i32, fd: i32) -> bool {
-    let text =
-        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).unwrap_or_default();
-    let mut f = text.split_whitespace();
-    f.next() == Some(libc::SYS_close.to_string().as_str())
-        && f.next() == Some(format!("{fd:#x}").as_str())
-}
 
 fn sigterm_inside_close(kind: Kind) {
     let _serial = serial();
