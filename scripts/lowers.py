@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Start, mount, inspect and stop the "real lowers" of drainfs, on loopback.
 
-Two pairs, each an object-store server plus a FUSE client of it:
+Three pairs, each an object-store server plus a FUSE client of it:
 
-  gcs : fake-gcs-server (GCS JSON API)  + rclone mount (":gcs" backend, --vfs-cache-mode off)
-  s3  : moto_server (S3 API)            + s3fs
+  gcsfuse : fake-gcs-server (memory backend, XML reads on localhost) + gcsfuse v3.11.2, the real one
+  gcs     : fake-gcs-server (GCS JSON API)  + rclone mount (":gcs" backend, --vfs-cache-mode off)
+  s3      : moto_server (S3 API)            + s3fs
 
 Binaries come from scripts/install-lowers.sh (default root /opt/drainfs-lowers, override
 with DRAINFS_LOWERS_ROOT). This file uses only the Python standard library, so any python3
@@ -16,9 +17,9 @@ started (pids, ports, mounts) so that `stop` can end exactly those processes and
 CLI (every command prints one JSON document on stdout; errors go to stderr, exit 1):
 
   lowers.py paths                                      binary paths
-  lowers.py start-server gcs|s3 --workdir D [--bucket B]
+  lowers.py start-server gcsfuse|gcs|s3 --workdir D [--bucket B]
         -> {"kind","pid","port","bucket","endpoint","log"}
-  lowers.py mount-cmd gcs|s3 --workdir D --mountpoint M [--log FILE]
+  lowers.py mount-cmd gcsfuse|gcs|s3 --workdir D --mountpoint M [--log FILE] [-- EXTRA...]
         -> ["/opt/.../rclone", "mount", ...]   argv of the FUSE client, to run in the
            foreground under a supervisor (`drainfs run ... -- <argv>`); needs no env vars.
   lowers.py mount gcs|s3 --workdir D --mountpoint M    start the FUSE client directly
@@ -53,7 +54,12 @@ import xml.etree.ElementTree as ET
 LOWERS_ROOT = os.environ.get("DRAINFS_LOWERS_ROOT", "/opt/drainfs-lowers")
 STATE_FILE = "lowers-state.json"
 DEFAULT_BUCKET = "drainfs-test"
-KINDS = ("gcs", "s3")
+KINDS = ("gcsfuse", "gcs", "s3")
+# gcsfuse against fake-gcs-server (../shared/REAL-PEERS.md §2.2): the endpoint's host must be
+# literally "localhost" (else a gRPC GetStorageLayout call fails the mount), no credentials, no
+# HNS/folder APIs, renames as copy+delete (the fake has no moveTo), no metadata-server lookups.
+GCSFUSE_FLAGS = ("--foreground", "--anonymous-access", "--enable-hns=false",
+                 "--enable-atomic-rename-object=false", "--disable-autoconfig", "--implicit-dirs")
 S3_ACCESS_KEY = "drainfs"
 S3_SECRET_KEY = "drainfs-secret"
 
@@ -66,7 +72,8 @@ class LowersError(RuntimeError):
 
 
 def binary(name: str) -> str:
-    """Path of rclone | fake-gcs-server | moto_server | s3fs | fusermount3."""
+    """Path of rclone | fake-gcs-server | moto_server | s3fs | fusermount3 | gcsfuse |
+    gcs-fuse-csi-driver-sidecar-mounter."""
     cand = os.path.join(LOWERS_ROOT, "bin", name)
     if os.access(cand, os.X_OK):
         return cand
@@ -81,7 +88,8 @@ def binary(name: str) -> str:
 
 def paths() -> dict:
     out = {}
-    for name in ("rclone", "fake-gcs-server", "moto_server", "s3fs", "fusermount3"):
+    for name in ("rclone", "fake-gcs-server", "moto_server", "s3fs", "fusermount3", "gcsfuse",
+                 "gcs-fuse-csi-driver-sidecar-mounter"):
         try:
             out[name] = binary(name)
         except LowersError:
@@ -345,6 +353,14 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
                     "-port", str(port), "-backend", "filesystem",
                     "-filesystem-root", root, "-data", seed]
             ready_path = f"/storage/v1/b/{urllib.parse.quote(bucket, safe='')}"
+        elif kind == "gcsfuse":
+            # -public-host: gcsfuse reads objects through the XML path on the endpoint's host,
+            # which the fake serves only when the Host header matches (REAL-PEERS.md §2.4).
+            argv = [binary("fake-gcs-server"), "-scheme", "http", "-host", "127.0.0.1",
+                    "-port", str(port), "-backend", "memory",
+                    "-public-host", f"localhost:{port}",
+                    "-external-url", f"http://localhost:{port}", "-log-level", "warn"]
+            ready_path = "/storage/v1/b"
         else:
             argv = [binary("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
             ready_path = "/"
@@ -356,6 +372,13 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
             stop_pid(proc.pid, None, signal.SIGKILL, 1)
             if attempt == 2 or not _port_taken_in_log(log_path):
                 raise
+    if kind == "gcsfuse":
+        status, body = http_request(port, "POST", "/storage/v1/b?project=test",
+                                    json.dumps({"name": bucket}).encode(),
+                                    {"Content-Type": "application/json"})
+        if status != 200:
+            stop_pid(proc.pid, None, signal.SIGTERM, 5)
+            raise LowersError(f"creating bucket {bucket}: HTTP {status}: {body[:300]!r}")
     if kind == "s3":
         # unsigned PUT works too; signed, the bucket belongs to the s3fs key pair
         path, hdrs = s3_sign(port, "PUT", "/" + urllib.parse.quote(bucket, safe=""))
@@ -401,11 +424,24 @@ def _server(workdir: str, kind: str) -> dict:
 # ---------------------------------------------------------------- mounts
 
 
-def mount_argv(kind: str, workdir: str, mountpoint: str, log: str | None = None) -> list[str]:
-    """argv of the FUSE client, foreground, for a supervisor to run. No env needed."""
+def mount_argv(kind: str, workdir: str, mountpoint: str, log: str | None = None,
+               extra: list[str] | None = None) -> list[str]:
+    """argv of the FUSE client, foreground, for a supervisor to run. No env needed.
+    `extra` goes before the positional arguments (gcsfuse flags such as --file-cache...)."""
     workdir = os.path.abspath(workdir)
-    mountpoint = os.path.abspath(mountpoint)
+    if not mountpoint.startswith("/dev/fd/"):
+        mountpoint = os.path.abspath(mountpoint)
     srv = _server(workdir, kind)
+    extra = list(extra or [])
+    if kind == "gcsfuse":
+        argv = [binary("gcsfuse"), *GCSFUSE_FLAGS,
+                f"--custom-endpoint=http://localhost:{srv['port']}/storage/v1/",
+                "--log-format=text"]
+        if log:
+            argv += [f"--log-file={log}", "--log-severity=info"]
+        else:
+            argv += ["--log-severity=warning"]
+        return argv + extra + [srv["bucket"], mountpoint]
     if kind == "gcs":
         cache = os.path.join(workdir, "gcs", "rclone-cache")
         os.makedirs(cache, exist_ok=True)
@@ -454,10 +490,11 @@ def wait_mount(mountpoint: str, timeout: float = 30.0, fstype: str | None = None
                       + (f"; log {log_path}:\n{_tail(log_path)}" if log_path else ""))
 
 
-FSTYPES = {"gcs": "fuse.rclone", "s3": "fuse.s3fs"}
+FSTYPES = {"gcsfuse": "fuse.gcsfuse", "gcs": "fuse.rclone", "s3": "fuse.s3fs"}
 
 
-def mount(kind: str, workdir: str, mountpoint: str, timeout: float = 30.0) -> dict:
+def mount(kind: str, workdir: str, mountpoint: str, timeout: float = 30.0,
+          extra: list[str] | None = None) -> dict:
     """Start the FUSE client directly (no drainfs), wait until mounted."""
     workdir = os.path.abspath(workdir)
     mountpoint = os.path.abspath(mountpoint)
@@ -465,7 +502,7 @@ def mount(kind: str, workdir: str, mountpoint: str, timeout: float = 30.0) -> di
     if mountinfo_entry(mountpoint):
         raise LowersError(f"{mountpoint} is already a mount point")
     log_path = os.path.join(workdir, kind, "client-%s.log" % mountpoint.strip("/").replace("/", "_"))
-    proc = spawn(mount_argv(kind, workdir, mountpoint), log_path)
+    proc = spawn(mount_argv(kind, workdir, mountpoint, None, extra), log_path)
     info = {"kind": kind, "pid": proc.pid, "start_time": _proc_start_time(proc.pid),
             "mountpoint": mountpoint, "log": log_path}
     with state_lock(workdir):
@@ -510,7 +547,7 @@ def objects(kind: str, workdir: str, prefix: str = "", dirs: bool = False) -> di
     port, bucket = srv["port"], srv["bucket"]
     qb = urllib.parse.quote(bucket, safe="")
     out = {}
-    if kind == "gcs":
+    if kind in ("gcs", "gcsfuse"):
         token = None
         while True:
             q = {"maxResults": "1000"}
@@ -635,7 +672,12 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--workdir", required=True)
     sp.add_argument("--kind", choices=KINDS)
     sp.add_argument("--timeout", type=float, default=15.0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Extra client flags follow "--" (argparse's subparsers mishandle "--" themselves).
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     a = p.parse_args(argv)
+    a.extra = extra
 
     try:
         if a.cmd == "paths":
@@ -643,9 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "start-server":
             out = start_server(a.kind, a.workdir, a.bucket, a.timeout)
         elif a.cmd == "mount-cmd":
-            out = mount_argv(a.kind, a.workdir, a.mountpoint, a.log)
+            out = mount_argv(a.kind, a.workdir, a.mountpoint, a.log, a.extra)
         elif a.cmd == "mount":
-            out = mount(a.kind, a.workdir, a.mountpoint, a.timeout)
+            out = mount(a.kind, a.workdir, a.mountpoint, a.timeout, a.extra)
         elif a.cmd == "wait-mount":
             out = wait_mount(a.mountpoint, a.timeout, a.fstype)
         elif a.cmd == "objects":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite: the README's second command and what CI (.ci/run) runs.
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
-# lowers (rclone + fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
+# lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
+# fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
 # -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
 # root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
 set -euo pipefail
@@ -36,7 +37,7 @@ fi
 fuse_mounts() { awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | sort; }
 mounts_before=$(fuse_mounts)
 
-step "real lowers (rclone + fake-gcs-server, s3fs + moto)"
+step "real peers and lowers (gcsfuse, the GKE sidecar mounter, fake-gcs-server, rclone, s3fs + moto)"
 bash scripts/install-lowers.sh
 
 step "cargo fmt --check"

@@ -1,6 +1,8 @@
 //! The real lowers (FUSE clients of object stores), for tests: an object-store server on loopback and the FUSE
 //! client of it that drainfs is mounted over, driven through `scripts/lowers.py`.
 //!
+//! - [`Kind::Gcsfuse`]: fake-gcs-server + the real gcsfuse v3.11.2 (the primary peer): streaming
+//!   writes upload blocks during write() and the object is finalized inside close().
 //! - [`Kind::Gcs`]: fake-gcs-server + `rclone mount` (GCS backend, `--vfs-cache-mode off`), the
 //!   gcsfuse stand-in: data streams during write() and the object is finalized inside close().
 //! - [`Kind::S3`]: moto_server + s3fs: writes are staged locally and uploaded inside close().
@@ -19,6 +21,8 @@ use std::sync::OnceLock;
 /// Which pair of server and FUSE client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// fake-gcs-server + the real gcsfuse.
+    Gcsfuse,
     /// fake-gcs-server + rclone mount (the gcsfuse stand-in).
     Gcs,
     /// moto_server + s3fs.
@@ -26,9 +30,10 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The name `lowers.py` uses (`gcs`, `s3`).
+    /// The name `lowers.py` uses (`gcsfuse`, `gcs`, `s3`).
     pub fn name(self) -> &'static str {
         match self {
+            Kind::Gcsfuse => "gcsfuse",
             Kind::Gcs => "gcs",
             Kind::S3 => "s3",
         }
@@ -37,6 +42,7 @@ impl Kind {
     /// The FUSE client's file system type in `/proc/self/mountinfo`.
     pub fn fstype(self) -> &'static str {
         match self {
+            Kind::Gcsfuse => "fuse.gcsfuse",
             Kind::Gcs => "fuse.rclone",
             Kind::S3 => "fuse.s3fs",
         }
@@ -85,7 +91,8 @@ pub fn lowers_py(args: &[&str]) -> Result<String, String> {
 }
 
 /// Panics, with a message naming what is missing and how to install it, unless every real
-/// lower (rclone, fake-gcs-server, moto_server, s3fs, fusermount3) and `tools` are installed.
+/// lower (gcsfuse, rclone, fake-gcs-server, moto_server, s3fs, fusermount3, the GKE sidecar
+/// mounter) and `tools` are installed.
 /// The check runs once per test process.
 pub fn require_installed(tools: &[&str]) {
     static LOWERS: OnceLock<Result<(), String>> = OnceLock::new();
@@ -158,15 +165,23 @@ impl Server {
     /// argv of the FUSE client mounting the bucket at `mountpoint`, in the foreground (for
     /// `drainfs run ... -- ARGV`).
     pub fn mount_cmd(&self, mountpoint: &Path) -> Vec<String> {
-        let json = lowers_py(&[
+        self.mount_cmd_with(mountpoint, &[])
+    }
+
+    /// [`Server::mount_cmd`] with extra client flags before the positional arguments (e.g.
+    /// `--write-block-size-mb=1` for gcsfuse). `mountpoint` may be `/dev/fd/N`.
+    pub fn mount_cmd_with(&self, mountpoint: &Path, extra: &[&str]) -> Vec<String> {
+        let mut args = vec![
             "mount-cmd",
             self.kind.name(),
             "--workdir",
             self.workdir.path().to_str().expect("utf-8 path"),
             "--mountpoint",
             mountpoint.to_str().expect("utf-8 path"),
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+            "--",
+        ];
+        args.extend_from_slice(extra);
+        let json = lowers_py(&args).unwrap_or_else(|e| panic!("{e}"));
         serde_json::from_str(&json).expect("mount-cmd JSON")
     }
 
