@@ -32,6 +32,9 @@ pub enum Daemon {
     Bucketfs(Vec<String>),
     /// `fuse-overlayfs` (libfuse 3, Debian's package) over a lower and an upper directory.
     Overlay,
+    /// Any daemon, by its full argv ending in `/dev/fd/3` (e.g. the real gcsfuse from
+    /// [`crate::lowers::Server::mount_cmd`]); `store` and `lower` stay unused.
+    Command(Vec<String>),
 }
 
 /// How the daemon is connected to the kernel.
@@ -245,6 +248,7 @@ impl Sidecar {
                 v.extend(["--mountpoint".into(), "/dev/fd/3".into()]);
                 v
             }
+            Daemon::Command(argv) => argv.clone(),
             Daemon::Overlay => {
                 let exe = "/usr/bin/fuse-overlayfs";
                 assert!(

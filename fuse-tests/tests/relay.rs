@@ -1110,3 +1110,43 @@ fn a_write_after_the_last_flush_is_synced_before_its_release() {
     );
     s.assert_nothing_left();
 }
+
+/// Issue 17.5 over the real gcsfuse v3.11.2 (fake-gcs-server): gcsfuse uploads at FLUSH and
+/// FSYNC only, so a write through a mapping after the last close, then munmap (WRITE, then
+/// RELEASE, no FLUSH) never reaches the bucket on a direct connection. Through the relay, its
+/// own FSYNC before the RELEASE makes gcsfuse upload it; objects are read back from the server.
+#[test]
+fn gcsfuse_uploads_a_write_after_the_last_flush_through_the_relay() {
+    use fuse_tests::lowers::{Kind, Server, object_of};
+    let server = Server::start(Kind::Gcsfuse);
+    let argv = server.mount_cmd(Path::new("/dev/fd/3"));
+    let mut s = Sidecar::start(Daemon::Command(argv), relay());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(s.path("late.bin"))
+        .unwrap();
+    (&f).write_all(&[b'a'; 8192]).unwrap();
+    let map = Mapping::new(&f, 8192);
+    close(f).unwrap();
+    assert_eq!(
+        server.objects().get("late.bin"),
+        Some(&object_of(&[b'a'; 8192])),
+        "close() uploads"
+    );
+    map.fill(b'b');
+    drop(map);
+    wait_idle(&s, Duration::from_secs(10));
+    assert_eq!(
+        server.objects().get("late.bin"),
+        Some(&object_of(&[b'b'; 8192])),
+        "the write after the last FLUSH is uploaded before its RELEASE"
+    );
+    let status = s.status();
+    assert_eq!(status["relay"]["counts"]["relay_fsyncs"], 1, "{status:#}");
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    s.assert_nothing_left();
+}

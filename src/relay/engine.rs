@@ -984,6 +984,7 @@ impl Relay {
                     daemon_max_write = caps.daemon_max_write,
                     max_write = caps.max_write,
                     max_pages = caps.max_pages,
+                    daemon_flags = format_args!("{:#x}", caps.daemon_flags),
                     cap,
                     "relay: INIT negotiated"
                 );
