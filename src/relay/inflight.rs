@@ -90,6 +90,9 @@ struct OpenHandle {
     changes: u64,
     /// Changes a successful FLUSH/FSYNC covered.
     synced: u64,
+    /// Changes a FLUSH/FSYNC covered, whatever its result (a failed one is a failed flush
+    /// already, and the caller got its error).
+    attempted: u64,
     /// The daemon answered its OPEN with ENOSYS and the relay answered the kernel with this
     /// handle itself (fh 0): the daemon never sees its RELEASE.
     synthetic: bool,
@@ -99,6 +102,11 @@ impl OpenHandle {
     /// Changed since its last successful FLUSH/FSYNC.
     fn unsynced(&self) -> bool {
         self.changes > self.synced
+    }
+
+    /// Changed since its last FLUSH/FSYNC, successful or not: its RELEASE needs an FSYNC first.
+    fn needs_sync(&self) -> bool {
+        self.changes > self.synced.max(self.attempted)
     }
 }
 
@@ -305,7 +313,7 @@ impl Inflight {
             && let Some((HandleMode::Write, oh)) = &released
         {
             let fh = proto::release_fh(body).unwrap_or(0);
-            if oh.unsynced() && !self.no_fsync {
+            if oh.needs_sync() && !self.no_fsync {
                 sync_first = Some((fh, oh.synthetic));
             }
         }
@@ -462,6 +470,7 @@ impl Inflight {
                     nodeid: p.nodeid,
                     changes: u64::from(mode == HandleMode::Write),
                     synced: 0,
+                    attempted: 0,
                     synthetic: true,
                 };
                 self.handles.entry((mode, 0)).or_default().push(oh);
@@ -472,6 +481,17 @@ impl Inflight {
         if error != 0 {
             p.fail();
             let (opcode, nodeid, flushing) = (p.opcode, p.nodeid, p.started.is_some());
+            // ENOSYS: the kernel stops sending that request; it attempted nothing.
+            if let Some((fh, changes)) = p.syncs.filter(|_| error != -libc::ENOSYS) {
+                for oh in self
+                    .handles
+                    .get_mut(&(HandleMode::Write, fh))
+                    .into_iter()
+                    .flatten()
+                {
+                    oh.attempted = oh.attempted.max(changes.min(oh.changes));
+                }
+            }
             if opcode == Opcode::Fsync && error == -libc::ENOSYS && is_own_unique(unique) {
                 self.no_fsync = true;
             }
@@ -526,6 +546,7 @@ impl Inflight {
                 nodeid,
                 changes: u64::from(mode == HandleMode::Write),
                 synced: 0,
+                attempted: 0,
                 synthetic: false,
             };
             self.handles.entry((mode, fh)).or_default().push(oh);
@@ -947,5 +968,55 @@ mod tests {
         create_out.extend_from_slice(&open_out(8));
         t.s.on_reply(14, 0, &create_out);
         assert_eq!(t.s.unsynced_paths(), vec!["n".to_string()]);
+    }
+
+    #[test]
+    fn release_syncs_first_only_changes_no_flush_attempt_covered() {
+        let mut t = T::new();
+        let fh_in = |fh: u64, len: usize| {
+            let mut b = fh.to_le_bytes().to_vec();
+            b.resize(len, 0);
+            b
+        };
+        // A failed FLUSH (the caller got its error, a failed flush is recorded): RELEASE is
+        // forwarded as it is, and the file still counts as unsynced.
+        t.admit(14, 2, &open_in(libc::O_WRONLY));
+        t.s.on_reply(2, 0, &open_out(7));
+        t.s.complete(2);
+        t.admit(25, 4, &fh_in(7, 24));
+        t.s.on_reply(4, -libc::EIO, &[]);
+        t.s.complete(4);
+        assert_eq!(t.s.unsynced_paths().len(), 1);
+        assert_eq!(
+            t.admit(18, 6, &release_in(7, libc::O_WRONLY)),
+            Admit::Forward
+        );
+        t.s.complete(6);
+        // A FLUSH answered ENOSYS attempted nothing: RELEASE syncs first, and an FSYNC answered
+        // ENOSYS stops the relay's own FSYNCs.
+        t.admit(14, 8, &open_in(libc::O_WRONLY));
+        t.s.on_reply(8, 0, &open_out(9));
+        t.s.complete(8);
+        t.admit(25, 10, &fh_in(9, 24));
+        t.s.on_reply(10, -libc::ENOSYS, &[]);
+        t.s.complete(10);
+        let Admit::SyncFirst { fsync_unique, .. } = t.admit(18, 12, &release_in(9, libc::O_WRONLY))
+        else {
+            panic!("no FSYNC before the RELEASE");
+        };
+        t.s.on_reply(fsync_unique, -libc::ENOSYS, &[]);
+        t.s.complete(fsync_unique);
+        t.s.complete(12);
+        assert!(
+            t.s.failed_flushes().len() == 1,
+            "ENOSYS is not a failed flush"
+        );
+        t.admit(14, 14, &open_in(libc::O_WRONLY));
+        t.s.on_reply(14, 0, &open_out(11));
+        t.s.complete(14);
+        assert_eq!(
+            t.admit(18, 16, &release_in(11, libc::O_WRONLY)),
+            Admit::Forward
+        );
     }
 }
