@@ -1150,3 +1150,37 @@ fn gcsfuse_uploads_a_write_after_the_last_flush_through_the_relay() {
     assert_eq!(e.code, Some(0), "{e}");
     s.assert_nothing_left();
 }
+
+/// Issue 17.1, the forced end: the daemon notifies while a READ is in flight and then does not
+/// answer that READ for a minute. The stop still ends with an outcome before the sidecar's
+/// SIGKILL: the deadline stops the daemon, the READ is answered EIO, the kernel takes the
+/// notification, and nothing is left behind (no process stuck in the kernel, no mount).
+#[test]
+fn a_notification_behind_a_read_that_never_ends_does_not_outlive_the_deadline() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--notify-on-read".into(),
+            "stuck".into(),
+            "--slow-read".into(),
+            "stuck".into(),
+            "--read-delay".into(),
+            "60s".into(),
+        ]),
+        relay(),
+    );
+    fs::write(s.store.join("stuck.bin"), pattern(64 << 10, 5)).unwrap();
+    let p = s.path("stuck.bin");
+    let reader = std::thread::spawn(move || fs::read(&p).map(|_| ()).map_err(|e| errno_name(&e)));
+    wait_until(Duration::from_secs(10), || {
+        s.status()["relay"]["awaiting_daemon"].as_u64() == Some(1)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let e = s.stop(Duration::from_secs(15));
+    assert!(!e.sigkill_sent, "{e}");
+    assert!(e.code.is_some(), "{e}");
+    assert!(
+        reader.join().unwrap().is_err(),
+        "the READ cut off by the deadline fails"
+    );
+    s.assert_nothing_left();
+}
