@@ -10,9 +10,8 @@
 #      control socket, termination log)
 #   5. shellcheck and a behavioural test of the application entrypoint wrapper used by the
 #      legacy-sidecar and Airflow manifests
-#   6. only when DRAINFS_BIN points at a built drainfs: every `drainfs run` invocation of the
-#      manifests, with its environment, passes `--check-config` (the Rust test suite does this
-#      too; this is a shortcut for whoever edits a manifest)
+#   (every `drainfs run` invocation of the manifests passing `--check-config` is checked by
+#   the Rust test suite, fuse-tests/tests/manifests.rs, in a pod's volume directories)
 #
 # The linters are installed (idempotently) into a virtualenv at $DRAINFS_LINT_VENV
 # (default /opt/drainfs-docker-lint/venv) with pinned versions from PyPI.
@@ -208,29 +207,9 @@ else
 fi
 
 # ------------------------------------------------------------------------------------------------
-step "drainfs run --check-config for every manifest invocation"
-if [[ -n "${DRAINFS_BIN:-}" ]]; then
-  "$BIN/python" - "$DRAINFS_BIN" "$invocations" <<'PY' || fail "drainfs --check-config"
-import json, os, subprocess, sys
-binary, entries = sys.argv[1], json.loads(sys.argv[2])
-base_env = {k: v for k, v in os.environ.items()
-            if not k.startswith("DRAINFS_") and k != "NATIVE_SIDECAR"}
-bad = 0
-for e in entries:
-    if e["subcommand"] != "run":
-        continue
-    argv = [binary, *e["check_argv"][1:]]
-    r = subprocess.run(argv, env={**base_env, **e["env"]}, capture_output=True, text=True)
-    status = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
-    print(f"  {e['manifest']} {e['container']}: {status}")
-    if r.returncode != 0:
-        bad += 1
-        print(r.stderr, file=sys.stderr)
-sys.exit(1 if bad else 0)
-PY
-else
-  echo "skipped: set DRAINFS_BIN=/path/to/drainfs to run them (the Rust tests run them too)"
-fi
+# `drainfs run --check-config` for every manifest invocation runs in the Rust test suite
+# (fuse-tests/tests/manifests.rs): the check needs the manifest's paths, which it maps into a
+# pod's volume directories.
 
 # ------------------------------------------------------------------------------------------------
 step "summary"

@@ -341,7 +341,8 @@ def setting(entry: dict, flag: str, env_name: str) -> str | None:
 
 
 def is_true(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on", "y")
+    # As Go's strconv.ParseBool (and drainfs) read it.
+    return value is not None and value in ("1", "t", "T", "TRUE", "true", "True")
 
 
 def find_pod_spec(manifest: str, obj: str) -> dict:
@@ -358,7 +359,7 @@ def find_pod_spec(manifest: str, obj: str) -> dict:
 def uses_gke_managed_sidecar(manifest: Path) -> bool:
     """Whether a pod of `manifest` selects the GKE CSI driver's sidecar image by declaring a
     `gke-gcsfuse-sidecar` container: drainfs then runs as that sidecar's /gcsfuse (the
-    gke-sidecar-relay image), with no command line in the manifest to check."""
+    relay image), with no command line in the manifest to check."""
     with manifest.open() as f:
         for doc in yaml.safe_load_all(f):
             if not doc:

@@ -2,9 +2,11 @@
 # The full test suite: the README's second command and what CI (.ci/run) runs.
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
-# fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
-# -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
-# root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
+# fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
+# rustfmt, clippy with -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which
+# really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
+# images (static drainfs, built with umoci and run in runc in the pod's shape), and a smoke run
+# of the benchmark harness.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,6 +18,12 @@ command -v fio >/dev/null || need_apt+=(fio)
 command -v python3 >/dev/null || need_apt+=(python3)
 # A libfuse 3 daemon that serves /dev/fd/N, for the relay tests (fuse-tests/tests/relay.rs).
 command -v fuse-overlayfs >/dev/null || need_apt+=(fuse-overlayfs)
+# The images: built without a Docker engine (umoci, skopeo) and run in runc in the pod's shape;
+# promtool checks the alert rules.
+command -v umoci >/dev/null || need_apt+=(umoci)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
+command -v runc >/dev/null || need_apt+=(runc)
+command -v promtool >/dev/null || need_apt+=(prometheus)
 if ((${#need_apt[@]})); then
   step "apt-get install ${need_apt[*]}"
   apt-get update -qq
@@ -62,6 +70,15 @@ RUSTFLAGS="--cfg drainfs_loom" cargo test --lib --locked --target-dir target/loo
 
 step "Kubernetes manifests and Dockerfile (offline)"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
+
+step "monitoring: alert rules and their tests (promtool), dashboard expressions, metric names"
+DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/monitoring/check.sh
+
+step "images: static drainfs, OCI archives (umoci, skopeo), run in runc in the pod's shape"
+bash docker/image/build.sh
+bash docker/image/static-root-test.sh
+# The lint virtualenv docker/check.sh installed has jsonschema, for the summary schema check.
+"${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python" docker/image/run-test.py
 
 step "benchmark harness, smoke mode"
 bash fuse-tests/bench/run.sh --smoke

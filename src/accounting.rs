@@ -8,6 +8,13 @@
 //!
 //! The drain waits on [`Accounting::changed`]; it is only signalled while
 //! [`Accounting::set_watching`] is on, so serving costs no wake-ups.
+//!
+//! Requests are counted in two classes ([`Op::class`], [`crate::gate::Class`]): those that may
+//! change data hold the drain; read-only ones (READ, GETATTR, LOOKUP, READDIR...) are counted
+//! (`/status`, metrics, the summary) but never hold it. A request that arrives with the door
+//! already closed is *late* ([`Accounting::since_late_request`]): the drain keeps the mount
+//! (refusing new opens) for a moment after the last one, since its process may still be at
+//! work.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -15,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::gate::Gate;
+use crate::gate::{Class, Gate};
 
 macro_rules! ops {
     ($($variant:ident => $name:literal),* $(,)?) => {
@@ -50,6 +57,42 @@ ops! {
 }
 
 const N_OPS: usize = Op::ALL.len();
+
+impl Op {
+    /// Which count of the gate the operation is in. Read-only: LOOKUP, FORGET, GETATTR,
+    /// READLINK, READ, OPENDIR, READDIR, READDIRPLUS, RELEASEDIR, STATFS, ACCESS, GETXATTR,
+    /// LISTXATTR, LSEEK (nothing of theirs reaches the bucket). Everything else may change
+    /// data or creates a handle, including OPEN (the door's admission, and O_TRUNC rides on
+    /// it), RELEASE (a writable file's last close uploads on some lowers) and `other` (ioctl,
+    /// locks, opcodes drainfs does not know).
+    pub fn class(self) -> Class {
+        match self {
+            Op::Lookup
+            | Op::Forget
+            | Op::Getattr
+            | Op::Readlink
+            | Op::Read
+            | Op::Opendir
+            | Op::Readdir
+            | Op::Readdirplus
+            | Op::Releasedir
+            | Op::Statfs
+            | Op::Access
+            | Op::Getxattr
+            | Op::Listxattr
+            | Op::Lseek => Class::ReadOnly,
+            _ => Class::Changes,
+        }
+    }
+
+    /// Whether a request of this operation shows that a process is using the mount. FORGET,
+    /// RELEASE and RELEASEDIR do not: the kernel sends them on its own after a process has
+    /// closed a file or dropped an inode (RELEASE comes after `close()` has returned), so
+    /// arriving after the door closed does not make them late.
+    pub fn from_a_process(self) -> bool {
+        !matches!(self, Op::Forget | Op::Release | Op::Releasedir)
+    }
+}
 
 /// Upper bounds (seconds) of the request-duration histogram buckets; `+Inf` is implied.
 pub const DURATION_BUCKETS: [f64; 16] = [
@@ -148,8 +191,14 @@ pub struct Accounting {
     pub bytes_read: AtomicU64,
     /// Bytes written by drainfs's own data path (not kernel passthrough).
     pub bytes_written: AtomicU64,
-    /// Milliseconds since `epoch` of the last time the mount became busy or idle.
+    /// Milliseconds since `epoch` of the last time a request arrived or ended, or a handle or
+    /// lower call ended.
     last_activity_ms: AtomicU64,
+    /// Late requests (arrived with the door closed, [`Op::from_a_process`]) in flight.
+    late_in_flight: AtomicI64,
+    /// Milliseconds since `epoch` of the last arrival or end of a late request; `u64::MAX`:
+    /// none yet.
+    late_ms: AtomicU64,
     epoch: Instant,
     watching: AtomicBool,
     /// Signalled (while watching) whenever an operation ends or a handle is released.
@@ -170,6 +219,8 @@ impl Default for Accounting {
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             last_activity_ms: AtomicU64::new(0),
+            late_in_flight: AtomicI64::new(0),
+            late_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             watching: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
@@ -180,8 +231,10 @@ impl Default for Accounting {
 /// A point-in-time copy of the counts, for the drain decision, `/status` and the summary.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct Outstanding {
-    /// FUSE requests being served.
+    /// FUSE requests being served (both classes).
     pub in_flight: i64,
+    /// Of those, read-only requests ([`Op::class`]): counted, but never holding the drain.
+    pub in_flight_read: i64,
     /// Files open read-only.
     pub open_read: i64,
     /// Files open for writing.
@@ -197,11 +250,12 @@ pub struct Outstanding {
 }
 
 impl Outstanding {
-    /// Nothing that can still upload: no request in flight, no file open for writing, no lower
-    /// FLUSH/FSYNC/RELEASE in progress. Files open read-only and directory streams do not
-    /// hold the drain (nothing of theirs reaches the bucket); the teardown closes them.
+    /// Nothing that can still upload: no request that may change data in flight, no file open
+    /// for writing, no lower FLUSH/FSYNC/RELEASE in progress. Read-only requests, files open
+    /// read-only and directory streams do not hold the drain (nothing of theirs reaches the
+    /// bucket); the teardown cuts them off.
     pub fn is_drained(&self) -> bool {
-        self.in_flight == 0
+        self.in_flight == self.in_flight_read
             && self.open_write == 0
             && self.lower_flush == 0
             && self.lower_fsync == 0
@@ -226,50 +280,77 @@ impl Accounting {
         Arc::new(Self::default())
     }
 
-    /// Starts counting one request; the guard ends it. Counting comes before the request looks
-    /// at the door ([`Accounting::door_open`]), which is what makes the drain race-free.
+    /// Starts counting one request in its class ([`Op::class`]); the guard ends it. Counting
+    /// comes before the request looks at the door ([`Accounting::door_open`]), which is what
+    /// makes the drain race-free.
     #[inline]
     pub fn op(&self, op: Op) -> OpGuard<'_> {
-        self.gate.enter();
-        self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
+        let (start, late) = self.begin(op, true);
         OpGuard {
             acct: self,
             op,
-            start: Instant::now(),
+            start,
             failed: false,
             activity: true,
+            late,
         }
     }
 
     /// Like [`Accounting::op`], for a request drainfs makes itself (a probe's statfs through
     /// the mount): counted in flight and in the statistics, but not workload activity, so it
-    /// never restarts the quiet period ([`Accounting::since_last_activity`]). The drain is
-    /// still woken when it ends.
+    /// never restarts the quiet period ([`Accounting::since_last_activity`]) and is never
+    /// late. The drain is still woken when it ends.
     #[inline]
     pub fn own_op(&self, op: Op) -> OpGuard<'_> {
-        let mut g = self.op(op);
-        g.activity = false;
-        g
+        let (start, late) = self.begin(op, false);
+        OpGuard {
+            acct: self,
+            op,
+            start,
+            failed: false,
+            activity: false,
+            late,
+        }
     }
 
     /// Like [`Accounting::op`], for a request whose end comes later on another thread (the
     /// relay keeps it in its in-flight map until the daemon's reply is written).
     #[inline]
     pub fn op_owned(self: &Arc<Self>, op: Op) -> OwnedOpGuard {
-        self.gate.enter();
-        self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
+        let (start, late) = self.begin(op, true);
         OwnedOpGuard {
             acct: Arc::clone(self),
             op,
-            start: Instant::now(),
+            start,
             failed: false,
+            late,
         }
     }
 
-    /// Ends one request counted by [`Accounting::op`] or [`Accounting::op_owned`];
-    /// `activity`: it was the workload's (restarts the quiet period).
+    /// Enters the gate in `op`'s class; `activity`: a workload request (records its arrival
+    /// and, with the door closed, counts it late). Returns its start and whether it is late.
     #[inline]
-    fn end_op(&self, op: Op, start: Instant, failed: bool, activity: bool) {
+    fn begin(&self, op: Op, activity: bool) -> (Instant, bool) {
+        let door_open = self.gate.enter(op.class());
+        self.ops[op as usize].in_flight.fetch_add(1, Relaxed);
+        let start = Instant::now();
+        let late = activity && !door_open && op.from_a_process();
+        if activity {
+            let ms = self.ms_at(start);
+            self.last_activity_ms.store(ms, Relaxed);
+            if late {
+                self.late_in_flight.fetch_add(1, SeqCst);
+                self.late_ms.store(ms, SeqCst);
+            }
+        }
+        (start, late)
+    }
+
+    /// Ends one request counted by [`Accounting::op`] or [`Accounting::op_owned`];
+    /// `activity`: it was the workload's (restarts the quiet period); `late`: it arrived with
+    /// the door closed.
+    #[inline]
+    fn end_op(&self, op: Op, start: Instant, failed: bool, activity: bool, late: bool) {
         let stats = &self.ops[op as usize];
         stats.count.fetch_add(1, Relaxed);
         if failed {
@@ -277,12 +358,21 @@ impl Accounting {
         }
         stats.duration.observe(start.elapsed());
         stats.in_flight.fetch_sub(1, Relaxed);
-        self.gate.exit();
+        if late {
+            self.late_ms
+                .store(self.epoch.elapsed().as_millis() as u64, SeqCst);
+            self.late_in_flight.fetch_sub(1, SeqCst);
+        }
+        self.gate.exit(op.class());
         if activity {
             self.touched();
         } else {
             self.notify();
         }
+    }
+
+    fn ms_at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
     /// Counts an open handle until the guard is dropped.
@@ -329,8 +419,8 @@ impl Accounting {
 
     /// The door's state, then the counts read after it (see [`crate::drain::Observation`]).
     pub fn observe(&self) -> (bool, Outstanding) {
-        let (door_closed, in_flight) = self.gate.state();
-        (door_closed, self.counts(in_flight as i64))
+        let g = self.gate.state();
+        (g.closed, self.counts(g.changes as i64, g.read_only as i64))
     }
 
     /// Current counts.
@@ -338,9 +428,10 @@ impl Accounting {
         self.observe().1
     }
 
-    fn counts(&self, in_flight: i64) -> Outstanding {
+    fn counts(&self, changes: i64, read_only: i64) -> Outstanding {
         Outstanding {
-            in_flight,
+            in_flight: changes + read_only,
+            in_flight_read: read_only,
             open_read: self.handles[HandleMode::Read as usize].load(SeqCst),
             open_write: self.handles[HandleMode::Write as usize].load(SeqCst),
             open_dirs: self.handles[HandleMode::Dir as usize].load(SeqCst),
@@ -350,11 +441,26 @@ impl Accounting {
         }
     }
 
-    /// Time since the last operation ended or handle was released (an approximation of
-    /// "idle for", valid when [`Outstanding::is_idle`]).
+    /// Time since a workload request last arrived or ended, or a handle or lower call ended
+    /// ("idle for"; a read-only request in flight for a long time does not make the mount
+    /// busy, only its arrival counts).
     pub fn since_last_activity(&self) -> Duration {
         let now = self.epoch.elapsed().as_millis() as u64;
         Duration::from_millis(now.saturating_sub(self.last_activity_ms.load(Relaxed)))
+    }
+
+    /// Time since the last *late* request (one that arrived with the door closed, served or
+    /// refused, [`Op::from_a_process`]) arrived or ended: `None` when none has arrived,
+    /// `Some(0)` while one is in flight. Millisecond resolution.
+    pub fn since_late_request(&self) -> Option<Duration> {
+        if self.late_in_flight.load(SeqCst) > 0 {
+            return Some(Duration::ZERO);
+        }
+        let at = self.late_ms.load(SeqCst);
+        (at != u64::MAX).then(|| {
+            let now = self.epoch.elapsed().as_millis() as u64;
+            Duration::from_millis(now.saturating_sub(at))
+        })
     }
 
     /// Turns wake-ups of [`Accounting::changed`] on (during shutdown) or off.
@@ -385,6 +491,7 @@ pub struct OpGuard<'a> {
     start: Instant,
     failed: bool,
     activity: bool,
+    late: bool,
 }
 
 impl OpGuard<'_> {
@@ -402,7 +509,7 @@ impl OpGuard<'_> {
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         self.acct
-            .end_op(self.op, self.start, self.failed, self.activity);
+            .end_op(self.op, self.start, self.failed, self.activity, self.late);
     }
 }
 
@@ -415,6 +522,7 @@ pub struct OwnedOpGuard {
     op: Op,
     start: Instant,
     failed: bool,
+    late: bool,
 }
 
 impl OwnedOpGuard {
@@ -431,7 +539,8 @@ impl OwnedOpGuard {
 
 impl Drop for OwnedOpGuard {
     fn drop(&mut self) {
-        self.acct.end_op(self.op, self.start, self.failed, true);
+        self.acct
+            .end_op(self.op, self.start, self.failed, true, self.late);
     }
 }
 
@@ -528,6 +637,61 @@ mod tests {
             acct.since_last_activity() < before,
             "a workload statfs is activity"
         );
+    }
+
+    #[test]
+    fn read_only_requests_are_counted_but_do_not_hold_the_drain() {
+        let acct = Accounting::new();
+        let r = acct.op(Op::Read);
+        let l = acct.op(Op::Lookup);
+        let o = acct.outstanding();
+        assert_eq!((o.in_flight, o.in_flight_read), (2, 2));
+        assert!(o.is_drained(), "read-only requests never hold the drain");
+        assert!(!o.is_idle());
+        let w = acct.op(Op::Write);
+        let o = acct.outstanding();
+        assert_eq!((o.in_flight, o.in_flight_read), (3, 2));
+        assert!(!o.is_drained());
+        drop((r, l, w));
+        assert!(acct.outstanding().is_idle());
+        assert_eq!(Op::Release.class(), Class::Changes);
+        assert_eq!(Op::Open.class(), Class::Changes);
+        assert_eq!(Op::Other.class(), Class::Changes);
+        assert_eq!(Op::Readdirplus.class(), Class::ReadOnly);
+    }
+
+    #[test]
+    fn only_process_requests_after_the_close_are_late() {
+        let acct = Accounting::new();
+        drop(acct.op(Op::Write));
+        // Before the close nothing is late, however recent.
+        assert_eq!(acct.since_late_request(), None);
+        let before = acct.op(Op::Flush);
+        acct.close_door();
+        // In flight across the close: not late; its end does not make it late either.
+        drop(before);
+        assert_eq!(acct.since_late_request(), None);
+        // The kernel's own RELEASE/FORGET and drainfs's probes are not late.
+        drop(acct.op(Op::Release));
+        drop(acct.op(Op::Forget));
+        drop(acct.own_op(Op::Statfs));
+        assert_eq!(acct.since_late_request(), None);
+        // A process's request after the close is late, while in flight and after.
+        let g = acct.op(Op::Getattr);
+        assert_eq!(acct.since_late_request(), Some(Duration::ZERO));
+        drop(g);
+        std::thread::sleep(Duration::from_millis(20));
+        let since = acct.since_late_request().unwrap();
+        assert!(since >= Duration::from_millis(20), "{since:?}");
+    }
+
+    #[test]
+    fn arrivals_restart_the_idle_time() {
+        let acct = Accounting::new();
+        std::thread::sleep(Duration::from_millis(30));
+        let g = acct.op(Op::Read);
+        assert!(acct.since_last_activity() < Duration::from_millis(30));
+        drop(g);
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/drainfs/control.sock";
 pub struct RunArgs {
     /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves (not used
     /// with `--relay`).
-    #[arg(long, env = "DRAINFS_LOWER", required_unless_present = "relay", help_heading = HEADING_FS)]
+    #[arg(long, env = "DRAINFS_LOWER", help_heading = HEADING_FS)]
     pub lower: Option<PathBuf>,
 
     /// Where drainfs mounts itself (where the application expects the bucket).
@@ -144,7 +144,7 @@ pub struct RunArgs {
 
     /// drainfs runs as a native sidecar: SIGTERM means every workload container has exited, so
     /// admission closes at once. Also set by `NATIVE_SIDECAR=TRUE`.
-    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
+    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
     pub native_sidecar: bool,
 
     /// On a plain SIGTERM/SIGINT, keep serving until the mount has been idle this long.
@@ -165,14 +165,17 @@ pub struct RunArgs {
     #[command(flatten)]
     pub out: OutputArgs,
 
-    /// Validate the configuration, print it as JSON and exit 0 (nothing is mounted or started).
+    /// Run every start-up check that needs no mount (lower and mountpoint, /dev/fuse and
+    /// fusermount3, the lower's command, output directories, `--watch-pid`, the admin
+    /// address), print the configuration as JSON and exit: 0 when every check passed, 2 with
+    /// one line per problem otherwise. Nothing is mounted, started or repaired.
     #[arg(long)]
     pub check_config: bool,
 
     /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
     /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
     /// socket) instead of serving a view of a lower directory.
-    #[arg(long, env = "DRAINFS_RELAY", requires = "command", conflicts_with_all = ["lower", "lower_pid"], help_heading = HEADING_RELAY)]
+    #[arg(long, env = "DRAINFS_RELAY", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_RELAY)]
     pub relay: bool,
 
     /// Relay options (with `--relay`).
@@ -191,7 +194,9 @@ pub struct OutputArgs {
     #[arg(long, env = "DRAINFS_SUMMARY_FILE", help_heading = HEADING_SHUTDOWN)]
     pub summary_file: Option<PathBuf>,
 
-    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`).
+    /// Write the shutdown summary here too, capped at 4 KiB (Kubernetes' `/dev/termination-log`);
+    /// a clean summary does not replace one with a non-zero exit code already there. `relay`
+    /// writes `/dev/termination-log` by default when it exists and is writable.
     #[arg(long, env = "DRAINFS_TERMINATION_LOG", help_heading = HEADING_SHUTDOWN)]
     pub termination_log: Option<PathBuf>,
 
@@ -200,12 +205,12 @@ pub struct OutputArgs {
     pub log_format: LogFormatArg,
 
     /// Log level or filter (`info`, `drainfs=debug`); `RUST_LOG` is used when this is unset.
-    #[arg(long, env = "DRAINFS_LOG_LEVEL", help_heading = HEADING_OBS)]
+    #[arg(long, env = "DRAINFS_LOG_LEVEL", value_parser = parse_log_level, help_heading = HEADING_OBS)]
     pub log_level: Option<String>,
 
     /// Write logs to stdout instead of stderr. The gcsfuse drop-in sets it: GKE's sidecar
     /// copies gcsfuse's stderr into the error file its node driver turns into mount errors.
-    #[arg(long, env = "DRAINFS_LOG_TO_STDOUT", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_OBS)]
+    #[arg(long, env = "DRAINFS_LOG_TO_STDOUT", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_OBS)]
     pub log_to_stdout: bool,
 
     /// Serve the admin HTTP endpoints (probes, metrics, status, drain, quitquitquit) here.
@@ -367,7 +372,7 @@ pub struct RelayArgs {
     pub triggers: TriggerArgs,
 
     /// Accepted for symmetry with `run`: in relay mode SIGTERM always means the workload is gone.
-    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
+    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
     pub native_sidecar: bool,
 
     /// Time from the first trigger to the SIGKILL that ends the relay (the GKE sidecar kills
@@ -384,6 +389,12 @@ pub struct RelayArgs {
     #[command(flatten)]
     pub out: OutputArgs,
 
+    /// Run every start-up check that needs no mount (the daemon's command, the connection fd,
+    /// output directories, the admin address), print the configuration as JSON and exit: 0
+    /// when every check passed, 2 with one line per problem otherwise.
+    #[arg(long)]
+    pub check_config: bool,
+
     /// The daemon and its arguments, e.g. `gcsfuse --foreground BUCKET /dev/fd/3`.
     #[arg(last = true, required = true, id = "command")]
     pub command: Vec<std::ffi::OsString>,
@@ -391,12 +402,13 @@ pub struct RelayArgs {
 
 impl RelayArgs {
     /// Converts the parsed arguments into the run configuration of a relay over an inherited
-    /// connection (SIGTERM always means the workload is gone).
+    /// connection (SIGTERM always means the workload is gone). Without `--termination-log`,
+    /// the summary goes to `/dev/termination-log` when this process may write it.
     pub fn into_config(self) -> RunConfig {
         let grace_margin = grace_margin(self.grace_period, self.grace_margin);
         RunConfig {
             fs: relay_fs(PathBuf::new()),
-            check_config: false,
+            check_config: self.check_config,
             relay: Some(
                 self.relay_opts
                     .into_options(RelayConnection::Inherited { fd: self.kernel_fd }),
@@ -412,7 +424,11 @@ impl RelayArgs {
                 grace_period: self.grace_period,
                 grace_margin,
                 summary_file: self.out.summary_file.clone(),
-                termination_log: self.out.termination_log.clone(),
+                termination_log: self
+                    .out
+                    .termination_log
+                    .clone()
+                    .or_else(crate::summary::default_termination_log),
                 ready_file: self.out.ready_file.clone(),
             },
             admin: self.out.admin_config(),
@@ -472,6 +488,132 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration ({e}); use e.g. 30, 30s, 1500ms"))
 }
 
+/// Parses a boolean exactly as Go's `strconv.ParseBool` does (GKE's components read
+/// `NATIVE_SIDECAR` with it): `1`, `t`, `T`, `TRUE`, `true`, `True` are true; `0`, `f`, `F`,
+/// `FALSE`, `false`, `False` are false.
+///
+/// # Errors
+/// Anything else (`yes`, `on`, `tRuE`, an empty string, surrounding spaces), with the accepted
+/// spellings in the message.
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!(
+            "`{s}` is not a boolean; use one of 1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False"
+        )),
+    }
+}
+
+/// The level names a log filter accepts (tracing's, plus `off`).
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// Parses `--log-level`: comma-separated directives, each a level (`info`) or
+/// `TARGET=LEVEL` (`drainfs=debug`, `drainfs::relay=trace`), levels `trace`, `debug`,
+/// `info`, `warn`, `error`, `off` (any case). The result is handed to tracing-subscriber's
+/// `EnvFilter` unchanged.
+///
+/// # Errors
+/// A directive that is neither: tracing-subscriber would take a bare word such as `warning`
+/// for a target name and silence every other log line, the shutdown summary included.
+pub fn parse_log_level(s: &str) -> Result<String, String> {
+    let is_level = |l: &str| LOG_LEVELS.iter().any(|k| k.eq_ignore_ascii_case(l.trim()));
+    let hint = "use a level (trace, debug, info, warn, error, off) or TARGET=LEVEL directives, e.g. `info,drainfs=debug`";
+    if s.trim().is_empty() {
+        return Err(format!("empty log filter; {hint}"));
+    }
+    for d in s.split(',') {
+        let d = d.trim();
+        let ok = match d.rsplit_once('=') {
+            Some((target, level)) => !target.trim().is_empty() && is_level(level),
+            None => is_level(d),
+        };
+        if !ok {
+            return Err(format!(
+                "`{d}` is not a log level or TARGET=LEVEL directive; {hint}"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(s).map_err(|e| format!("`{s}`: {e}; {hint}"))?;
+    Ok(s.to_string())
+}
+
+/// Checks every `DRAINFS_*` variable the subcommand in `args` reads (`args[1]`; nothing for
+/// an unknown subcommand) with the value parser of its flag, whether or not the flag is also
+/// given: a malformed value is an error, never a silent default. Values of flags that take
+/// a list (`DRAINFS_EXIT_FILE`, `DRAINFS_EOF_EXIT_CODES`) are checked item by item.
+///
+/// Returns one line per problem, each naming the variable (`DRAINFS_GRACE_PERIOD=soon: ...`);
+/// an empty or non-UTF-8 value is a problem too.
+pub fn env_problems(args: &[std::ffi::OsString]) -> Vec<String> {
+    env_problems_from(args, |name| std::env::var_os(name))
+}
+
+fn env_problems_from(
+    args: &[std::ffi::OsString],
+    get: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Vec<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let Some(sub_name) = args.get(1).and_then(|a| a.to_str()) else {
+        return Vec::new();
+    };
+    let Some(sub) = cli.find_subcommand(sub_name) else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for arg in sub.get_arguments() {
+        let Some(name) = arg.get_env().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(raw) = get(name) else { continue };
+        let Some(value) = raw.to_str() else {
+            problems.push(format!("{name}: the value is not valid UTF-8"));
+            continue;
+        };
+        if value.is_empty() {
+            problems.push(format!(
+                "{name} is set but empty; unset it to use the default, or give a value"
+            ));
+            continue;
+        }
+        let items: Vec<&str> = match arg.get_value_delimiter() {
+            Some(d) => value.split(d).collect(),
+            None => vec![value],
+        };
+        // The flag's own value parser, on a one-argument command of its own.
+        let check = clap::Command::new("drainfs").arg(
+            clap::Arg::new("value")
+                .value_parser(arg.get_value_parser().clone())
+                .allow_hyphen_values(true)
+                .required(true),
+        );
+        for item in items {
+            if let Err(e) = check.clone().try_get_matches_from(["drainfs", item]) {
+                problems.push(format!("{name}={value}: {}", clap_reason(&e)));
+                break;
+            }
+        }
+    }
+    problems
+}
+
+/// The reason inside a clap value error, without clap's `error: invalid value ... for ...`
+/// framing and its usage footer.
+fn clap_reason(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let reason = first
+        .split_once("': ")
+        .map_or("not a valid value", |(_, r)| r);
+    let valid = match e.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(v)) => format!(" (possible values: {})", v.join(", ")),
+        _ => String::new(),
+    };
+    format!("{reason}{valid}")
+}
+
 /// Parses a signal name (`SIGINT`, `INT`, `int`) or number (`2`).
 ///
 /// # Errors
@@ -494,16 +636,37 @@ pub fn parse_signal(s: &str) -> Result<nix::sys::signal::Signal, String> {
 
 impl RunArgs {
     /// Converts the parsed arguments into the typed run configuration. `native_sidecar_env` is
-    /// the value of `NATIVE_SIDECAR` (GKE's variable), honoured when it is `TRUE`.
-    pub fn into_config(self, native_sidecar_env: Option<&str>) -> RunConfig {
+    /// the value of `NATIVE_SIDECAR` (GKE's variable), read as Go's `strconv.ParseBool` reads
+    /// it ([`parse_go_bool`]).
+    ///
+    /// # Errors
+    /// `NATIVE_SIDECAR` set to anything [`parse_go_bool`] refuses: one line naming it.
+    pub fn into_config(self, native_sidecar_env: Option<&str>) -> Result<RunConfig, String> {
         let passthrough = match self.passthrough {
             PassthroughArg::Auto => PassthroughMode::Auto,
             PassthroughArg::Always => PassthroughMode::Always,
             PassthroughArg::Never => PassthroughMode::Never,
             PassthroughArg::Reads => PassthroughMode::Reads,
         };
-        let native_env = native_sidecar_env.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let native_env = match native_sidecar_env {
+            None => false,
+            Some(v) => parse_go_bool(v).map_err(|e| format!("NATIVE_SIDECAR={v}: {e}"))?,
+        };
         let grace_margin = grace_margin(self.grace_period, self.grace_margin);
+        // Checked here, not by clap: `DRAINFS_RELAY=false` would count as `--relay` given.
+        if self.relay {
+            if self.command.is_empty() {
+                return Err("--relay needs the daemon's command: -- COMMAND ARGS...".into());
+            }
+            if self.lower.is_some() || self.lower_pid.is_some() {
+                return Err(
+                    "--relay cannot be used with --lower or --lower-pid: the relay serves no lower directory"
+                        .into(),
+                );
+            }
+        } else if self.lower.is_none() {
+            return Err("--lower is required (or --relay)".into());
+        }
         let lower_process = if self.command.is_empty() {
             LowerProcess::Adopted {
                 pid: self.lower_pid,
@@ -527,7 +690,7 @@ impl RunArgs {
             };
             (fs, None)
         };
-        RunConfig {
+        Ok(RunConfig {
             fs,
             relay,
             lifecycle: LifecycleConfig {
@@ -547,7 +710,7 @@ impl RunArgs {
             admin: self.out.admin_config(),
             log: self.out.log_config(),
             check_config: self.check_config,
-        }
+        })
     }
 }
 
@@ -589,13 +752,159 @@ mod tests {
         }
     }
 
-    fn run_config(args: &[&str], native_env: Option<&str>) -> Result<RunConfig, clap::Error> {
+    fn run_config(args: &[&str], native_env: Option<&str>) -> Result<RunConfig, String> {
         let mut argv = vec!["drainfs", "run"];
         argv.extend_from_slice(args);
-        match Cli::try_parse_from(argv)?.command {
-            Command::Run(a) => Ok(a.into_config(native_env)),
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Run(a) => a.into_config(native_env),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn go_bools_exactly() {
+        for t in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_go_bool(t), Ok(true), "{t}");
+        }
+        for f in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_go_bool(f), Ok(false), "{f}");
+        }
+        for bad in [
+            "", "yes", "no", "on", "off", "y", "n", "tRuE", "fALSE", " true", "2", "TRUE ",
+        ] {
+            assert!(parse_go_bool(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn native_sidecar_env_is_strict() {
+        let base = ["--lower", "/l", "--mountpoint", "/m"];
+        for (v, want) in [
+            ("TRUE", true),
+            ("t", true),
+            ("1", true),
+            ("False", false),
+            ("0", false),
+        ] {
+            let c = run_config(&base, Some(v)).unwrap();
+            assert_eq!(c.lifecycle.native_sidecar, want, "NATIVE_SIDECAR={v}");
+        }
+        for bad in ["yes", "on", "", "tRUE", "enabled"] {
+            let e = run_config(&base, Some(bad)).unwrap_err();
+            assert!(e.starts_with("NATIVE_SIDECAR="), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn log_levels() {
+        for ok in [
+            "info",
+            "WARN",
+            "off",
+            "info,drainfs=debug",
+            "drainfs::relay=trace",
+            "info,fuser=error",
+        ] {
+            assert_eq!(parse_log_level(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in [
+            "warning",
+            "",
+            "drainfs=loud",
+            "info,verbose",
+            "=debug",
+            "fatal",
+        ] {
+            assert!(parse_log_level(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    fn env_check(sub: &str, vars: &[(&str, &str)]) -> Vec<String> {
+        let args: Vec<std::ffi::OsString> = ["drainfs", sub].iter().map(|a| a.into()).collect();
+        env_problems_from(&args, |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| std::ffi::OsString::from(v))
+        })
+    }
+
+    #[test]
+    fn env_values_are_checked_and_named() {
+        let good = [
+            ("DRAINFS_GRACE_PERIOD", "60"),
+            ("DRAINFS_NATIVE_SIDECAR", "TRUE"),
+            ("DRAINFS_LOG_LEVEL", "info"),
+            ("DRAINFS_PASSTHROUGH", "reads"),
+            ("DRAINFS_EXIT_FILE", "/a,/b"),
+            ("DRAINFS_ADMIN_ADDR", "0.0.0.0:9090"),
+            ("DRAINFS_RELAY", "false"),
+        ];
+        assert_eq!(env_check("run", &good), Vec::<String>::new());
+        let bad = [
+            ("DRAINFS_GRACE_PERIOD", "soon", "run"),
+            ("DRAINFS_GRACE_PERIOD", "soon", "relay"),
+            ("DRAINFS_LOG_LEVEL", "warning", "run"),
+            ("DRAINFS_LOG_LEVEL", "warning", "relay"),
+            ("DRAINFS_NATIVE_SIDECAR", "yes", "run"),
+            ("DRAINFS_LOG_TO_STDOUT", "on", "relay"),
+            ("DRAINFS_PASSTHROUGH", "maybe", "run"),
+            ("DRAINFS_THREADS", "0", "run"),
+            ("DRAINFS_ADMIN_ADDR", "localhost", "run"),
+            ("DRAINFS_EOF_EXIT_CODES", "0,x", "relay"),
+            ("DRAINFS_SPIN", "fast", "relay"),
+            ("DRAINFS_RELAY", "no", "run"),
+            ("DRAINFS_QUIET_PERIOD", "", "run"),
+        ];
+        for (k, v, sub) in bad {
+            let p = env_check(sub, &[(k, v)]);
+            assert_eq!(p.len(), 1, "{sub} {k}={v}: {p:?}");
+            assert!(p[0].starts_with(k), "{sub} {k}={v}: {p:?}");
+        }
+        // Every problem is reported, not only the first.
+        let p = env_check(
+            "run",
+            &[
+                ("DRAINFS_GRACE_PERIOD", "soon"),
+                ("DRAINFS_LOG_LEVEL", "warning"),
+            ],
+        );
+        assert_eq!(p.len(), 2, "{p:?}");
+        // Control commands read DRAINFS_CONTROL_SOCKET only; unknown subcommands nothing.
+        assert!(env_check("status", &[("DRAINFS_GRACE_PERIOD", "soon")]).is_empty());
+        assert!(env_check("nope", &[("DRAINFS_GRACE_PERIOD", "soon")]).is_empty());
+    }
+
+    #[test]
+    fn relay_flag_rules() {
+        assert!(
+            run_config(
+                &["--mountpoint", "/m", "--relay", "--", "d", "/dev/fd/3"],
+                None
+            )
+            .unwrap()
+            .relay
+            .is_some()
+        );
+        assert!(run_config(&["--mountpoint", "/m", "--relay"], None).is_err());
+        assert!(
+            run_config(
+                &["--lower", "/l", "--mountpoint", "/m", "--relay", "--", "d"],
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            run_config(
+                &["--lower", "/l", "--mountpoint", "/m", "--relay=false"],
+                None
+            )
+            .unwrap()
+            .relay
+            .is_none()
+        );
     }
 
     #[test]

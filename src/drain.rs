@@ -21,6 +21,19 @@
 //! machine decides on. An executor must also register for change notifications *before* it
 //! reads an observation, or a change in between is a lost wake-up.
 //!
+//! # Late requests
+//! Once drained with the door closed, the mount is kept (refusing new opens) for [`SETTLE`]
+//! after the last request that arrived *after the door closed* ([`Observation::since_late`]):
+//! such a request shows that a process is still using the mount, and once drainfs unmounts
+//! its next write would land in the directory underneath. Requests served before the door
+//! closed never hold it, so a stop right after the workload's last write (a Job's last close,
+//! then its SIGTERM) is torn down at once.
+//!
+//! # Read-only requests
+//! READ, GETATTR, LOOKUP, READDIR... in flight never hold the drain and never make the
+//! outcome incomplete ([`Outstanding::is_drained`]); the teardown cuts them off, and
+//! [`Machine::at_teardown`] says how many there were (the summary notes them).
+//!
 //! # Deadlines
 //! The first trigger starts the clock `t0`. Outstanding work is waited for until
 //! `force_at = t0 + grace_period − margin`; the process must be gone by
@@ -292,8 +305,13 @@ pub struct Observation {
     pub door_closed: bool,
     /// The counts, read after `door_closed`.
     pub outstanding: Outstanding,
-    /// Time since the workload last ended a request or released a handle (probes excluded).
+    /// Time since a workload request last arrived or ended, or a handle was released (probes
+    /// excluded).
     pub idle_for: Duration,
+    /// Time since the last request that arrived after the door closed (served or refused)
+    /// arrived or ended: `None` when none has, `Some(0)` while one is in flight. See
+    /// [`crate::accounting::Accounting::since_late_request`].
+    pub since_late: Option<Duration>,
 }
 
 /// What the executor should do next.
@@ -367,8 +385,8 @@ pub struct Budget {
     pub lower_kill: Duration,
 }
 
-/// With the door closed and nothing outstanding, how long the mount must have seen no request
-/// (served or refused) before it is removed (at most the quiet period).
+/// With the door closed and nothing outstanding, how long the mount is kept after the last
+/// request that arrived after the door closed (served or refused), at most the quiet period.
 pub const SETTLE: Duration = Duration::from_millis(500);
 /// How long a second signal leaves drainfs for its own part of the teardown.
 pub const SECOND_SIGNAL_OWN: Duration = Duration::from_millis(400);
@@ -394,6 +412,7 @@ pub struct Machine {
     door_reason: Option<DoorReason>,
     drained_at: Option<Instant>,
     outstanding_at_force: Option<Outstanding>,
+    at_teardown: Option<Outstanding>,
 }
 
 impl Machine {
@@ -414,6 +433,7 @@ impl Machine {
             door_reason: None,
             drained_at: None,
             outstanding_at_force: None,
+            at_teardown: None,
         }
     }
 
@@ -445,6 +465,12 @@ impl Machine {
     /// What was outstanding (door closed) when the teardown was forced.
     pub fn outstanding_at_force(&self) -> Option<Outstanding> {
         self.outstanding_at_force
+    }
+
+    /// What was outstanding (door closed) when the machine decided to tear down, drained or
+    /// forced: its `in_flight_read` read-only requests are cut off by the teardown.
+    pub fn at_teardown(&self) -> Option<Outstanding> {
+        self.at_teardown
     }
 
     /// What was seen of the lower dying.
@@ -603,23 +629,28 @@ impl Machine {
         }
         if let Some(reason) = self.forced {
             self.outstanding_at_force = Some(obs.outstanding);
+            self.at_teardown = Some(obs.outstanding);
             return Step::Teardown(Ending::Forced(reason));
         }
         if obs.outstanding.is_drained() {
-            // A request in the last quiet period (one served, or one refused at the door) means
-            // a process may still use the mount: once drainfs unmounts, its next write would
-            // land in the directory underneath (the volume) and never reach the bucket. Keep
-            // the mount, refusing new opens, until it has been quiet for [`SETTLE`] (or the quiet
-            // period, if shorter). An idle mount (the usual case once the workload is gone) is
-            // torn down at once.
+            // A request that arrived after the door closed (one served on an open handle, or
+            // one refused at the door) means a process is still using the mount: once drainfs
+            // unmounts, its next write would land in the directory underneath (the volume) and
+            // never reach the bucket. Keep the mount, refusing new opens, until [`SETTLE`] (or
+            // the quiet period, if shorter) has passed since the last such request. Requests
+            // from before the close do not count: with the workload gone, a mount whose last
+            // write came just before the trigger is torn down at once.
             let settle = self.cfg.quiet_period.min(SETTLE);
-            if obs.idle_for < settle {
-                let hold = now + (settle - obs.idle_for);
+            if let Some(since) = obs.since_late
+                && since < settle
+            {
+                let hold = now + (settle - since);
                 return Step::Wait {
                     until: Some(hold.min(force_at)),
                 };
             }
             self.drained_at = Some(now);
+            self.at_teardown = Some(obs.outstanding);
             return Step::Teardown(Ending::Drained);
         }
         Step::Wait {
@@ -690,6 +721,15 @@ mod tests {
             door_closed,
             outstanding,
             idle_for: Duration::from_millis(idle_ms),
+            since_late: None,
+        }
+    }
+
+    /// An observation with a request that arrived after the door closed `late_ms` ago.
+    fn obs_late(outstanding: Outstanding, idle_ms: u64, late_ms: u64) -> Observation {
+        Observation {
+            since_late: Some(Duration::from_millis(late_ms)),
+            ..obs(true, outstanding, idle_ms)
         }
     }
 
@@ -741,6 +781,7 @@ mod tests {
                     door_closed: door,
                     outstanding: o,
                     idle_for: idle,
+                    since_late: None,
                 },
             );
             match step {
@@ -861,15 +902,16 @@ mod tests {
     }
 
     #[test]
-    fn recent_requests_hold_the_mount_until_it_is_quiet() {
+    fn late_requests_hold_the_mount_until_it_is_quiet() {
         let mut m = machine(true);
         m.mounted();
         let t = Instant::now();
         m.trigger(Cause::ExitFile { path: "/e".into() }, t);
         assert_eq!(m.step(t, &obs(false, busy(), 0)), Step::CloseDoor);
-        // Drained, but a request (served or refused) ended 100 ms ago: hold the mount.
+        // Drained, but a request that arrived after the door closed ended 100 ms ago: hold
+        // the mount.
         let idle = Outstanding::default();
-        let s = m.step(t, &obs(true, idle, 100));
+        let s = m.step(t, &obs_late(idle, 100, 100));
         assert_eq!(
             s,
             Step::Wait {
@@ -877,10 +919,21 @@ mod tests {
             }
         );
         assert_eq!(m.milestones().1, None);
-        // Quiet since: drained.
-        let t1 = t + QUIET;
+        // One in flight: hold again.
+        let t1 = t + QUIET - Duration::from_millis(100);
         assert_eq!(
-            m.step(t1, &obs(true, idle, QUIET.as_millis() as u64)),
+            m.step(t1, &obs_late(idle, 0, 0)),
+            Step::Wait {
+                until: Some(t1 + QUIET)
+            }
+        );
+        // Quiet since the last late one: drained.
+        let t2 = t1 + QUIET;
+        assert_eq!(
+            m.step(
+                t2,
+                &obs_late(idle, QUIET.as_millis() as u64, QUIET.as_millis() as u64)
+            ),
             Step::Teardown(Ending::Drained)
         );
         // An idle mount is torn down at once.
@@ -891,6 +944,147 @@ mod tests {
         assert_eq!(
             m.step(t, &obs(true, idle, 60_000)),
             Step::Teardown(Ending::Drained)
+        );
+    }
+
+    /// A Job's last close comes right before its SIGTERM: requests served before the door
+    /// closed (however recent) never hold the mount once the workload is known to be gone.
+    #[test]
+    fn requests_before_the_close_never_hold_the_mount() {
+        for c in every_cause()
+            .into_iter()
+            .filter(|c| c.workload_gone(true) && !matches!(c, Cause::LowerDied { .. }))
+        {
+            let mut m = machine(true);
+            m.mounted();
+            let t = Instant::now();
+            m.trigger(c.clone(), t);
+            // The last write ended 1 ms before the trigger.
+            assert_eq!(
+                m.step(t, &obs(false, Outstanding::default(), 1)),
+                Step::CloseDoor
+            );
+            assert_eq!(
+                m.step(t, &obs(true, Outstanding::default(), 1)),
+                Step::Teardown(Ending::Drained),
+                "{c:?}"
+            );
+            assert_eq!(m.milestones(), (Some(t), Some(t)));
+        }
+        // A write in flight across the close holds the drain until it ends, and no longer.
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(m.step(t, &obs(false, busy(), 0)), Step::CloseDoor);
+        assert_eq!(
+            m.step(t, &obs(true, busy(), 0)),
+            Step::Wait {
+                until: m.force_at()
+            }
+        );
+        let t1 = t + Duration::from_millis(40);
+        assert_eq!(
+            m.step(t1, &obs(true, Outstanding::default(), 0)),
+            Step::Teardown(Ending::Drained)
+        );
+        assert_eq!(m.milestones().1, Some(t1));
+    }
+
+    /// A plain SIGTERM still keeps a straggler off the directory underneath: the door closes
+    /// once the mount is quiet, and a write refused after that holds the mount for [`SETTLE`].
+    #[test]
+    fn a_straggler_after_a_plain_sigterm_holds_the_mount() {
+        let mut m = machine(false);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        let idle = Outstanding::default();
+        let t1 = t + QUIET;
+        assert_eq!(m.step(t1, &obs(false, idle, 600)), Step::CloseDoor);
+        // A create refused 10 ms after the close.
+        assert_eq!(
+            m.step(t1, &obs_late(idle, 10, 10)),
+            Step::Wait {
+                until: Some(t1 + QUIET - Duration::from_millis(10))
+            }
+        );
+        let t2 = t1 + QUIET;
+        assert_eq!(
+            m.step(t2, &obs_late(idle, 500, 500)),
+            Step::Teardown(Ending::Drained)
+        );
+    }
+
+    /// Read-only requests in flight never hold the drain nor make it incomplete; what the
+    /// teardown cut off is kept for the summary.
+    #[test]
+    fn read_only_requests_in_flight_do_not_hold_the_drain() {
+        let reading = Outstanding {
+            in_flight: 2,
+            in_flight_read: 2,
+            open_read: 1,
+            ..Default::default()
+        };
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(m.step(t, &obs(false, reading, 10_000)), Step::CloseDoor);
+        assert_eq!(
+            m.step(t, &obs(true, reading, 10_000)),
+            Step::Teardown(Ending::Drained)
+        );
+        assert_eq!(m.at_teardown().map(|o| o.in_flight_read), Some(2));
+        // Plain SIGTERM: a READ in flight since before the trigger does not keep the door
+        // open past the quiet period (only arrivals and ends are activity).
+        let mut m = machine(false);
+        m.mounted();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(
+            m.step(t, &obs(false, reading, 10_000)),
+            Step::Wait {
+                until: Some(t + QUIET)
+            }
+        );
+        assert_eq!(
+            m.step(t + QUIET, &obs(false, reading, 10_000)),
+            Step::CloseDoor
+        );
+        // Forced with only reads outstanding: clean.
+        let mut m = machine(false);
+        m.mounted();
+        m.trigger(Cause::Sigint, t);
+        let both = Outstanding {
+            in_flight: 1,
+            in_flight_read: 1,
+            ..busy()
+        };
+        let (step, _) = drive(&mut m, t, &[], |_| both);
+        assert_eq!(step, Step::Teardown(Ending::Forced(Forced::Deadline)));
+        let reads_only = Outstanding {
+            in_flight: 1,
+            in_flight_read: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            exit_code(&Outcome {
+                forced: Some(Forced::Deadline),
+                outstanding_at_force: Some(reads_only),
+                lower_stop: Some(LowerStop::Clean),
+                ..Default::default()
+            }),
+            ExitCode::Clean
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                forced: Some(Forced::Deadline),
+                outstanding_at_force: m.outstanding_at_force(),
+                lower_stop: Some(LowerStop::Clean),
+                ..Default::default()
+            }),
+            ExitCode::Incomplete,
+            "a file open for writing still makes it incomplete"
         );
     }
 

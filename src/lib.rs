@@ -4,6 +4,7 @@
 
 pub mod accounting;
 pub mod admin;
+pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -774,6 +774,31 @@ impl Runner {
         }
     }
 
+    /// Notes (summary, log) the read-only requests the teardown is about to cut off: they
+    /// did not hold the drain, and nothing of theirs can be lost.
+    fn note_cut_off(&mut self, acct: &Accounting) {
+        let n = self.machine.at_teardown().map_or(0, |o| o.in_flight_read);
+        if n <= 0 {
+            return;
+        }
+        let ops: Vec<String> = crate::accounting::Op::ALL
+            .iter()
+            .filter(|op| op.class() == crate::gate::Class::ReadOnly)
+            .filter_map(|op| {
+                let k = acct
+                    .op_stats(*op)
+                    .in_flight
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                (k > 0).then(|| format!("{} {k}", op.name()))
+            })
+            .collect();
+        tracing::info!(read_only_in_flight = n, ops = ?ops, "read-only requests still in flight are cut off by the teardown (nothing of theirs can be lost)");
+        self.notes.push(format!(
+            "{n} read-only request(s) still in flight were cut off by the teardown ({}); they did not hold the drain",
+            ops.join(", ")
+        ));
+    }
+
     /// Logs the machine's phase changes (the machine owns the phase; `Shared` mirrors it).
     fn sync_phase(&mut self, why: &str) {
         let phase = self.machine.phase();
@@ -1175,6 +1200,7 @@ impl Runner {
                 door_closed,
                 outstanding,
                 idle_for: acct.since_last_activity(),
+                since_late: acct.since_late_request(),
             };
             let now = Instant::now();
             let step = self.machine.step(now, &obs);
@@ -1201,6 +1227,7 @@ impl Runner {
                     let (closed_at, drained_at) = self.machine.milestones();
                     self.timings.door_closed_ms = self.ms_since(closed_at);
                     self.timings.drained_ms = self.ms_since(drained_at);
+                    self.note_cut_off(acct);
                     if let Ending::Forced(reason) = ending {
                         let out = self.machine.outstanding_at_force().unwrap_or_default();
                         self.open_at_force = dp.open_paths(OPEN_PATHS_CAP);

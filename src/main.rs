@@ -13,6 +13,17 @@ fn main() {
         let real =
             std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
         let rest = args.split_off(1);
+        // `gcsfuse --version` / `--help` (no connection to relay): the real gcsfuse answers.
+        if let [only] = rest.as_slice()
+            && ["--version", "-v", "version", "--help", "-h", "help"]
+                .iter()
+                .any(|a| only == *a)
+        {
+            use std::os::unix::process::CommandExt;
+            let e = std::process::Command::new(&real).arg(only).exec();
+            eprintln!("drainfs: error: cannot run {}: {e}", real.to_string_lossy());
+            std::process::exit(drainfs::drain::ExitCode::LowerFailed.code());
+        }
         // Logs to stdout: the CSI sidecar turns anything on gcsfuse's stderr into mount errors.
         args = vec![
             "drainfs".into(),
@@ -22,6 +33,14 @@ fn main() {
             real,
         ];
         args.extend(rest);
+    }
+    // Malformed `DRAINFS_*` values are start-up errors naming the variable, not defaults.
+    let problems = drainfs::cli::env_problems(&args);
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("drainfs: error: {p}");
+        }
+        std::process::exit(drainfs::drain::ExitCode::Usage.code());
     }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
@@ -36,8 +55,15 @@ fn main() {
     };
     let code = match cli.command {
         Command::Run(args) => {
-            let native = std::env::var("NATIVE_SIDECAR").ok();
-            drainfs::run::main(args.into_config(native.as_deref()), drainfs::admin::start)
+            let native =
+                std::env::var_os("NATIVE_SIDECAR").map(|v| v.to_string_lossy().into_owned());
+            match args.into_config(native.as_deref()) {
+                Ok(cfg) => drainfs::run::main(cfg, drainfs::admin::start),
+                Err(e) => {
+                    eprintln!("drainfs: error: {e}");
+                    drainfs::drain::ExitCode::Usage.code()
+                }
+            }
         }
         Command::Relay(args) => drainfs::run::main(args.into_config(), drainfs::admin::start),
         other => drainfs::control::client(other),

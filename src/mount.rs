@@ -183,7 +183,8 @@ pub struct Preflight(pub String);
 
 /// Checks what `run` needs before anything is started: the lower and the mountpoint are
 /// existing directories, neither is inside the other, `/dev/fuse` opens read-write,
-/// `fusermount3` is on PATH, and what is mounted at them is acceptable:
+/// `fusermount3` is on PATH (unless drainfs has CAP_SYS_ADMIN, and mounts and unmounts with
+/// the syscalls), and what is mounted at them is acceptable:
 /// - a mount of a non-FUSE filesystem (a Kubernetes volume is a bind mount of ext4, xfs, tmpfs,
 ///   overlay...) is a volume and is accepted ([`check_existing_mount`]);
 /// - a dead FUSE mount (a killed predecessor) is repaired first;
@@ -243,7 +244,9 @@ pub fn preflight(
         };
         return Err(Preflight(format!("/dev/fuse is unusable ({e}); {fix}")));
     }
-    if which("fusermount3").is_none() {
+    // With CAP_SYS_ADMIN drainfs mounts with mount(2) and unmounts with umount2: the helper is
+    // needed only without it.
+    if which("fusermount3").is_none() && !crate::fuse::has_cap_sys_admin() {
         return Err(Preflight(
             "fusermount3 not found on PATH; install fuse3 (apt-get install fuse3)".to_string(),
         ));

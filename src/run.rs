@@ -24,7 +24,15 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
                 return ExitCode::Failed.code();
             }
         }
-        return 0;
+        let problems = crate::checks::problems(&cfg);
+        for p in &problems {
+            eprintln!("drainfs: error: {p}");
+        }
+        return if problems.is_empty() {
+            0
+        } else {
+            ExitCode::Usage.code()
+        };
     }
     let relay = match &cfg.relay {
         Some(opts) => {
@@ -155,7 +163,8 @@ fn prepare_process() {
 }
 
 /// Start-up checks of what would otherwise fail only at shutdown or at once after start: the
-/// summary file's and the termination log's directories exist, and a watched pid is alive.
+/// summary file's and the termination log's directories exist and are writable (or the file
+/// itself is, as Kubernetes' bind-mounted `/dev/termination-log`), and a watched pid is alive.
 fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
     let files = [
         ("--summary-file", cfg.lifecycle.summary_file.as_deref()),
@@ -168,28 +177,8 @@ fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
     ];
     for (flag, path) in files {
         let Some(path) = path else { continue };
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        if !dir.is_dir() {
-            return Err(format!(
-                "{flag} {}: the directory {} does not exist",
-                path.display(),
-                dir.display()
-            ));
-        }
-        if let Err(e) = nix::unistd::access(
-            dir,
-            nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-        ) {
-            return Err(format!(
-                "{flag} {}: drainfs (uid {}) cannot create files in {}: {e}",
-                path.display(),
-                nix::unistd::geteuid(),
-                dir.display()
-            ));
-        }
+        crate::checks::writable_dir_of(path)
+            .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     }
     if let Some(pid) = cfg.lifecycle.watch_pid
         && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)

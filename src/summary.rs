@@ -1,6 +1,7 @@
-//! The JSON shutdown summary: logged, written atomically to `--summary-file`, and written to
-//! `--termination-log` (Kubernetes' `/dev/termination-log`, shown in `kubectl get pod -o
-//! yaml`), capped at 4 KiB there.
+//! The JSON shutdown summary: logged (INFO when clean, ERROR with the files named
+//! otherwise), written atomically to `--summary-file`, and written to `--termination-log`
+//! (Kubernetes' `/dev/termination-log`, shown in `kubectl get pod -o yaml`), capped at 4 KiB
+//! there. The relay writes `/dev/termination-log` by default when it may.
 
 use std::io::Write;
 use std::path::Path;
@@ -163,26 +164,229 @@ pub fn for_termination_log(s: &Summary) -> String {
     out
 }
 
+/// How many paths of each list the ERROR line of a stop that is not clean names.
+const LOGGED_PATHS: usize = 20;
+
 /// Logs the summary and writes it where configured. Failures to write are logged.
+///
+/// A clean stop (exit 0) is logged at INFO. Any other outcome is logged at ERROR, with a
+/// second ERROR line that names the files (up to 20 of each list: open when the exit was
+/// forced, opens still in flight, failed flushes) and the lower's death, so that log-based
+/// alerting and `kubectl logs` show what may be missing.
 pub fn emit(s: &Summary, summary_file: Option<&Path>, termination_log: Option<&Path>) {
     let json = serde_json::to_string(s).unwrap_or_default();
-    tracing::info!(summary = %json, exit_code = s.exit_code, outcome = s.outcome, "shutdown summary");
+    if s.exit_code == 0 {
+        tracing::info!(summary = %json, exit_code = s.exit_code, outcome = s.outcome, "shutdown summary");
+    } else {
+        tracing::error!(summary = %json, exit_code = s.exit_code, outcome = s.outcome, "shutdown summary");
+        tracing::error!(
+            exit_code = s.exit_code,
+            outcome = s.outcome,
+            forced = ?s.forced,
+            "{}",
+            not_clean_message(s)
+        );
+    }
     if let Some(p) = summary_file
         && let Err(e) = write_atomic(p, format!("{json}\n").as_bytes())
     {
         tracing::warn!(path = %p.display(), error = %e, "cannot write the summary file");
     }
-    if let Some(p) = termination_log {
-        // Not a rename: Kubernetes bind-mounts this one file.
-        if let Err(e) = std::fs::write(p, for_termination_log(s)) {
-            tracing::warn!(path = %p.display(), error = %e, "cannot write the termination log");
-        }
+    if let Some(p) = termination_log
+        && let Err(e) = write_termination_log(p, s)
+    {
+        tracing::warn!(path = %p.display(), error = %e, "cannot write the termination log");
     }
+}
+
+/// The ERROR line of a stop that is not clean: the outcome, then the files.
+pub fn not_clean_message(s: &Summary) -> String {
+    let mut parts = vec![format!(
+        "stopped with exit {} ({}): data may be missing from the bucket",
+        s.exit_code, s.outcome
+    )];
+    let list = |what: &str, paths: &[String]| {
+        let shown: Vec<&str> = paths
+            .iter()
+            .take(LOGGED_PATHS)
+            .map(String::as_str)
+            .collect();
+        let more = paths.len().saturating_sub(LOGGED_PATHS);
+        format!(
+            "{what}: {}{}",
+            shown.join(", "),
+            if more > 0 {
+                format!(" (and {more} more)")
+            } else {
+                String::new()
+            }
+        )
+    };
+    if !s.open_paths.is_empty() {
+        parts.push(list("still open", &s.open_paths));
+    }
+    if !s.in_flight_opens.is_empty() {
+        parts.push(list("opens in flight", &s.in_flight_opens));
+    }
+    if !s.failed_flushes.is_empty() {
+        parts.push(list("failed flushes", &s.failed_flushes));
+    }
+    if let Some(d) = &s.lower_died {
+        parts.push(format!("the lower died: {d}"));
+    }
+    parts.join("; ")
+}
+
+/// Writes the termination-log form of `s` ([`for_termination_log`]) to `path` in place (not
+/// a rename: Kubernetes bind-mounts this one file), under an exclusive `flock`, unless the
+/// file already holds a drainfs summary with a non-zero `exit_code` and `s` is clean. Several
+/// drop-in relays of one pod (one per gcsfuse volume) share the container's
+/// `/dev/termination-log`: a clean stop never hides another volume's incomplete one.
+///
+/// # Errors
+/// The I/O error of any step.
+pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    let locked = nix::fcntl::Flock::lock(f.try_clone()?, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))?;
+    let mut old = String::new();
+    // A file that cannot be read (a pipe, unreadable) is simply overwritten.
+    let _ = f.read_to_string(&mut old);
+    let old_failed = serde_json::from_str::<serde_json::Value>(&old)
+        .ok()
+        .and_then(|v| v.get("exit_code").and_then(serde_json::Value::as_i64))
+        .is_some_and(|c| c != 0);
+    if old_failed && s.exit_code == 0 {
+        drop(locked);
+        return Ok(());
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    f.write_all(for_termination_log(s).as_bytes())?;
+    drop(locked);
+    Ok(())
+}
+
+/// Where the relay writes its summary when `--termination-log` is not given: Kubernetes'
+/// `/dev/termination-log`, if this process may write it (the kubelet bind-mounts it into
+/// every container; the node driver's injected sidecar spec leaves no way to set flags).
+pub const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// [`DEFAULT_TERMINATION_LOG`] when it exists and is writable by this process, else `None`.
+pub fn default_termination_log() -> Option<std::path::PathBuf> {
+    let p = Path::new(DEFAULT_TERMINATION_LOG);
+    (p.exists() && nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok())
+        .then(|| p.to_path_buf())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summary(exit_code: i32, open: &[&str]) -> Summary {
+        Summary {
+            exit_code,
+            outcome: if exit_code == 0 {
+                "clean"
+            } else {
+                "incomplete"
+            },
+            cause: Some(Cause::Sigterm),
+            forced: None,
+            lower_died: None,
+            lower_exit: None,
+            timings: Timings::default(),
+            outstanding_at_force: None,
+            in_flight_opens: Vec::new(),
+            open_paths: open.iter().map(|p| p.to_string()).collect(),
+            failed_flushes: vec![],
+            counts: Counts::default(),
+            notes: vec![],
+            data_path: "relay",
+            relay: None,
+        }
+    }
+
+    #[test]
+    fn a_clean_summary_never_hides_an_incomplete_one_in_the_termination_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("termination-log");
+        let read = || -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        };
+        write_termination_log(&p, &summary(0, &[])).unwrap();
+        assert_eq!(read()["exit_code"], 0);
+        write_termination_log(&p, &summary(75, &["/a.parquet"])).unwrap();
+        assert_eq!(read()["exit_code"], 75);
+        write_termination_log(&p, &summary(0, &[])).unwrap();
+        assert_eq!(
+            read()["exit_code"],
+            75,
+            "a clean stop replaced an incomplete one"
+        );
+        assert_eq!(read()["open_paths"][0], "/a.parquet");
+        // A shorter summary leaves no tail of the longer one behind.
+        write_termination_log(&p, &summary(69, &[])).unwrap();
+        assert_eq!(read()["exit_code"], 69);
+        // Anything that is not a drainfs summary is overwritten.
+        std::fs::write(&p, "not json at all, and long enough to leave a tail").unwrap();
+        write_termination_log(&p, &summary(0, &[])).unwrap();
+        assert_eq!(read()["exit_code"], 0);
+    }
+
+    #[test]
+    fn the_not_clean_line_names_the_files() {
+        let many: Vec<String> = (0..25).map(|i| format!("/out/{i}.csv")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let mut s = summary(75, &many);
+        s.failed_flushes = vec!["/out/bad.csv".into()];
+        let m = not_clean_message(&s);
+        assert!(m.contains("exit 75 (incomplete)"), "{m}");
+        assert!(m.contains("/out/0.csv") && m.contains("/out/19.csv"), "{m}");
+        assert!(
+            !m.contains("/out/20.csv") && m.contains("(and 5 more)"),
+            "{m}"
+        );
+        assert!(m.contains("failed flushes: /out/bad.csv"), "{m}");
+    }
+
+    /// The published schema (docker/monitoring/summary.schema.json) names every field the
+    /// summary has, and requires every field it always has.
+    #[test]
+    fn the_published_schema_matches_the_summary() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../docker/monitoring/summary.schema.json")).unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let v = serde_json::to_value(summary(75, &["/a"])).unwrap();
+        let obj = v.as_object().unwrap();
+        for k in obj.keys() {
+            assert!(props.contains_key(k), "{k} is not in the schema");
+        }
+        for k in &required {
+            assert!(
+                obj.contains_key(*k),
+                "the schema requires {k}, the summary lacks it"
+            );
+        }
+        for (section, value) in [("timings", &v["timings"]), ("counts", &v["counts"])] {
+            let known = props[section]["properties"].as_object().unwrap();
+            for k in value.as_object().unwrap().keys() {
+                assert!(known.contains_key(k), "{section}.{k} is not in the schema");
+            }
+        }
+    }
 
     #[test]
     fn termination_log_fits_in_4k() {

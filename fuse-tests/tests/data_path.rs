@@ -501,3 +501,136 @@ fn probes_do_not_restart_the_quiet_period(mode: &str) {
         "quiet period 1s, drainfs exited after {took:?}"
     );
 }
+
+/// Writes `tag` through a shared mapping of `path` made before `close()`, after the close, then
+/// unmaps it (raw `mmap`: the mapping holds no fd of its own). With `released`, the write
+/// waits until `released()` says drainfs has handled the RELEASE.
+fn write_through_a_mapping_after_close(
+    path: &Path,
+    tag: &[u8],
+    released: Option<&dyn Fn() -> bool>,
+) {
+    let f = open(path, libc::O_RDWR, 0).unwrap();
+    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        close(f).expect("close before any write: nothing to upload");
+        if let Some(released) = released {
+            assert!(
+                eventually(Duration::from_secs(10), released),
+                "drainfs never released the handle"
+            );
+        }
+        std::ptr::copy_nonoverlapping(tag.as_ptr(), p.cast::<u8>(), tag.len());
+        assert_eq!(libc::munmap(p, 4096), 0);
+    }
+}
+
+/// bucketfs under drainfs with `--passthrough mode` and a control socket, and a check that
+/// no file is open for writing (drainfs handled every writer's RELEASE).
+fn over_bucketfs_with_status(
+    mode: &str,
+    bucketfs_args: &[&str],
+) -> (BucketStack, tempfile::TempDir, std::path::PathBuf) {
+    let ctl = tempfile::tempdir_in("/tmp").unwrap();
+    let sock = ctl.path().join("ctl.sock");
+    let sock_arg = sock.display().to_string();
+    let s = fuse_tests::harness::over_bucketfs(
+        &["--passthrough", mode, "--control-socket", &sock_arg],
+        bucketfs_args,
+        true,
+    );
+    (s, ctl, sock)
+}
+
+fn no_writer_open(sock: &Path) -> bool {
+    status(sock).is_some_and(|v| v["outstanding"]["open_write"] == 0)
+}
+
+/// With kernel passthrough for writers (`always`, and `auto` on bucketfs), a shared mapping
+/// holds the kernel's backing file: drainfs gets FLUSH and RELEASE at `close()`, before the
+/// mapping's writes, which then reach the lower straight from the backing file with no FLUSH
+/// after them (bucketfs, like gcsfuse, would never upload them). drainfs keeps the released
+/// writer's lower fd and closes it at the teardown: the change reaches the bucket, exit 0.
+///
+/// The write waits until drainfs has handled the RELEASE (otherwise the race between the
+/// application's write and drainfs's worker decides). `never`: the mapping holds drainfs's
+/// file, so RELEASE comes at `munmap`, after the WRITE drainfs serves.
+fn a_mapping_written_after_close_reaches_the_bucket(mode: &str) {
+    let (mut s, _ctl, sock) = over_bucketfs_with_status(mode, &[]);
+    fs::write(s.bucket.join("mapped"), vec![b'o'; 4096]).unwrap();
+    let released = || no_writer_open(&sock);
+    let wait: Option<&dyn Fn() -> bool> = (mode != "never").then_some(&released);
+    write_through_a_mapping_after_close(&s.m.path("mapped"), b"AFTER", wait);
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    let mut want = vec![b'o'; 4096];
+    want[..5].copy_from_slice(b"AFTER");
+    assert_eq!(
+        fs::read(s.bucket.join("mapped")).unwrap(),
+        want,
+        "the mapping's write after close() is not in the bucket"
+    );
+    assert!(!is_mounted(&s.m.mnt) && !is_mounted(&s.m.lower));
+}
+
+/// The same, with the lower's upload failing: the file is a failed flush, exit 75.
+fn a_mapping_written_after_close_that_fails_to_upload_is_a_failed_flush(mode: &str) {
+    let (mut s, _ctl, sock) = over_bucketfs_with_status(mode, &["--fail-upload", "mapfail"]);
+    fs::write(s.bucket.join("mapfail"), vec![b'o'; 4096]).unwrap();
+    let released = || no_writer_open(&sock);
+    write_through_a_mapping_after_close(&s.m.path("mapfail"), b"AFTER", Some(&released));
+    s.touch_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, 75, "{}", s.m.proc.stderr_text());
+    let sum = s.summary();
+    let failed = sum["failed_flushes"].as_array().expect("failed_flushes");
+    assert!(
+        failed
+            .iter()
+            .any(|f| f.as_str().is_some_and(|f| f.contains("mapfail"))),
+        "summary: {sum}"
+    );
+    assert_eq!(
+        fs::read(s.bucket.join("mapfail")).unwrap(),
+        vec![b'o'; 4096]
+    );
+}
+
+mod a_mapping_written_after_close_reaches_the_bucket {
+    #[test]
+    fn always() {
+        super::a_mapping_written_after_close_reaches_the_bucket("always")
+    }
+
+    #[test]
+    fn auto() {
+        super::a_mapping_written_after_close_reaches_the_bucket("auto")
+    }
+
+    #[test]
+    fn never() {
+        super::a_mapping_written_after_close_reaches_the_bucket("never")
+    }
+}
+
+mod a_mapping_written_after_close_that_fails_to_upload_is_a_failed_flush {
+    #[test]
+    fn always() {
+        super::a_mapping_written_after_close_that_fails_to_upload_is_a_failed_flush("always")
+    }
+
+    #[test]
+    fn auto() {
+        super::a_mapping_written_after_close_that_fails_to_upload_is_a_failed_flush("auto")
+    }
+}

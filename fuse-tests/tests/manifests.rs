@@ -66,12 +66,29 @@ fn every_manifest_invocation_is_accepted_by_the_binary() {
             // Same flags, a shorter wait: there is no drainfs to wait for here.
             argv[i + 1] = "1s".into();
         }
+        // `--check-config` runs the start-up checks, so the manifest's paths must exist: they
+        // are mapped into a pod's volume directories, and `gcsfuse` (found, never run) is any
+        // executable of that name on PATH.
+        let pod = Pod::new();
+        let path_dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(bin("bucketfs"), path_dir.path().join("gcsfuse")).unwrap();
+        let argv: Vec<String> = argv.iter().map(|a| pod.remap(a)).collect();
         let mut cmd = Command::new(bin("drainfs"));
-        cmd.args(&argv[1..])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        cmd.args(&argv[1..]).env_clear().env(
+            "PATH",
+            format!(
+                "{}:{}",
+                path_dir.path().display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
         for (k, v) in inv["env"].as_object().unwrap() {
-            cmd.env(k, v.as_str().unwrap());
+            let v = v.as_str().unwrap();
+            let v = match k.as_str() {
+                "DRAINFS_ADMIN_ADDR" => "127.0.0.1:0".to_string(),
+                _ => pod.remap(v),
+            };
+            cmd.env(k, v);
         }
         if sub != "run" {
             // Point the socket clients at nothing, so they fail fast instead of waiting.

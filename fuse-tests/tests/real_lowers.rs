@@ -62,6 +62,11 @@ struct Stack {
 
 /// `passthrough`: `Some(mode)` passes `--passthrough mode`; `None` leaves drainfs's default.
 fn stack(kind: Kind, passthrough: Option<&str>) -> Stack {
+    stack_with(kind, passthrough, &[])
+}
+
+/// [`stack`] with more drainfs flags.
+fn stack_with(kind: Kind, passthrough: Option<&str>, extra: &[&str]) -> Stack {
     let server = Server::start(kind);
     let dir = tempfile::Builder::new()
         .prefix(&format!("drainfs-real-{}-", kind.name()))
@@ -84,6 +89,7 @@ fn stack(kind: Kind, passthrough: Option<&str>) -> Stack {
         "--lower-ready-timeout".into(),
         "30s".into(),
     ]);
+    args.extend(extra.iter().map(|s| s.to_string()));
     let lower_cmd = server.mount_cmd(&lower);
     let client = lower_cmd[0].clone();
     let m = Mounted::start_in(
@@ -551,4 +557,79 @@ fn gcs_everyday_tools_cp_tar_rsync_python() {
 #[test]
 fn s3_everyday_tools_cp_tar_rsync_python() {
     everyday_tools(Kind::S3);
+}
+
+// ---------------------------------------------------------------- gcsfuse
+
+/// The object's generation, from the server's JSON API (it changes with every upload).
+fn generation(server: &Server, key: &str) -> String {
+    let url = format!(
+        "http://127.0.0.1:{}/storage/v1/b/{}/o/{key}",
+        server.port, server.bucket
+    );
+    let mut r = ureq::get(&url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    v["generation"].as_str().expect("generation").to_string()
+}
+
+/// gcsfuse v3.11.2 under drainfs with default flags (`--passthrough auto`: writers get kernel
+/// passthrough on gcsfuse). A shared mapping holds the kernel's backing file, so drainfs's
+/// RELEASE comes at the application's `close()` and the mapping's writes reach gcsfuse after
+/// it, with no FLUSH: drainfs keeps the released writer's lower fd and closes it at the
+/// teardown, which makes gcsfuse upload them. The same close on a file nobody changed since
+/// its FLUSH must not upload it again (its generation stays).
+#[test]
+fn gcsfuse_a_mapping_written_after_close_reaches_the_bucket() {
+    let _serial = serial();
+    let ctl = tempfile::tempdir_in("/tmp").unwrap();
+    let sock = ctl.path().join("ctl.sock");
+    let sock_arg = sock.display().to_string();
+    let mut s = stack_with(Kind::Gcsfuse, None, &["--control-socket", &sock_arg]);
+    let plain = pattern(3, 64 * 1024);
+    write_file(&s.m.path("plain.bin"), &plain).unwrap();
+    let plain_gen = generation(&s.server, "plain.bin");
+    write_file(&s.m.path("mapped.bin"), &[b'o'; 4096]).unwrap();
+    let f = open(&s.m.path("mapped.bin"), libc::O_RDWR, 0).unwrap();
+    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        close(f).expect("close before any write");
+        // drainfs has handled the RELEASE before the mapping is written.
+        assert!(
+            wait_until(Duration::from_secs(10), || common::status(&sock)
+                .is_some_and(|v| v["outstanding"]["open_write"] == 0)),
+            "drainfs never released the handle"
+        );
+        std::ptr::copy_nonoverlapping(b"AFTER".as_ptr(), p.cast::<u8>(), 5);
+        assert_eq!(libc::munmap(p, 4096), 0);
+    }
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    let mut mapped = vec![b'o'; 4096];
+    mapped[..5].copy_from_slice(b"AFTER");
+    let want: BTreeMap<String, Object> = [
+        ("plain.bin".to_string(), object_of(&plain)),
+        ("mapped.bin".to_string(), object_of(&mapped)),
+    ]
+    .into_iter()
+    .collect();
+    s.assert_clean_end();
+    s.assert_bucket(&want);
+    assert_eq!(
+        generation(&s.server, "plain.bin"),
+        plain_gen,
+        "gcsfuse uploaded an unchanged file again when drainfs closed its lower fd"
+    );
 }

@@ -82,15 +82,17 @@ impl OpenFiles {
         });
     }
 
-    /// Unlists `fh`; returns the backing id when that was the last passthrough open (the
-    /// caller drops it outside the lock).
-    pub(super) fn remove(&mut self, fh: u64) -> Option<Backing> {
+    /// Unlists `fh`; returns whether it was a passthrough open, and the backing id when that
+    /// was the last passthrough open (the caller drops it outside the lock).
+    pub(super) fn remove(&mut self, fh: u64) -> (bool, Option<Backing>) {
+        let passthrough = self.files.iter().any(|f| f.fh == fh && f.passthrough);
         self.files.retain(|f| f.fh != fh);
-        if self.passthrough_opens() == 0 {
+        let backing = if self.passthrough_opens() == 0 {
             self.backing.take()
         } else {
             None
-        }
+        };
+        (passthrough, backing)
     }
 
     /// Unlists everything (teardown); returns what the caller drops outside the lock.

@@ -28,8 +28,8 @@
 //!    privilege-bit clearing of an open (both syscalls on that inode only), never while
 //!    holding another lock;
 //! 5. the leaves: the handle table (`HandleTable::map`), the O_PATH cache (`Fs::fd_cache`),
-//!    the root fd, the admitted list, the failed-flush list, a directory stream (held across
-//!    `getdents64`).
+//!    the root fd, the admitted list, the failed-flush list, the lingering fds of released
+//!    passthrough writers (`Fs::lingering`), a directory stream (held across `getdents64`).
 //!
 //! Fds and inodes leave a lock as cloned `Arc`s; a syscall never runs under the store, table
 //! or cache locks.
@@ -153,6 +153,13 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// At most this many lower fds of released passthrough writers are kept ([`Fs::release`]),
+/// and at most a quarter of the fd budget.
+pub const LINGER_CAP: usize = 256;
+
+/// A released passthrough writer's inode and lower fd, kept until its close ([`Fs::release`]).
+type Lingering = (Arc<Inode>, Arc<OwnedFd>);
+
 /// Configuration of the core (the subset of [`crate::config::FsConfig`] it needs).
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -170,6 +177,11 @@ pub struct Fs {
     fd_cache: Mutex<lru::LruCache<u64, Arc<OwnedFd>>>,
     /// Paths whose lower flush failed (at most 64). A leaf lock.
     failed_flushes: Mutex<Vec<String>>,
+    /// Lower fds of released writable passthrough handles, by nodeid (the newest per inode),
+    /// bounded by [`LINGER_CAP`]: their close (a FLUSH on the lower) is deferred to eviction
+    /// or the teardown, so that writes through a mapping that outlives the release reach the
+    /// bucket (see [`Fs::release`]). A leaf lock.
+    lingering: Mutex<lru::LruCache<u64, Lingering>>,
     /// Admitted opens and creates in flight: token -> (nodeid, name under it), for naming
     /// them in the summary of a forced teardown. A leaf lock.
     admitted: Mutex<HashMap<u64, (u64, Option<OsString>)>>,
@@ -266,6 +278,10 @@ impl Fs {
             handles: HandleTable::new(),
             fd_cache: Mutex::new(lru::LruCache::new(cap)),
             failed_flushes: Mutex::new(Vec::new()),
+            lingering: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new((cfg.max_lower_fds / 4).clamp(1, LINGER_CAP))
+                    .expect("clamped to at least 1"),
+            )),
             admitted: Mutex::new(HashMap::new()),
             next_admitted: AtomicU64::new(0),
             acct,
@@ -345,7 +361,7 @@ impl Fs {
             .handles
             .insert_unless(fh, handle, || self.admission.fds_closed());
         if let Err(handle) = refused {
-            let backing = handle.inode.open.lock().remove(fh);
+            let (_, backing) = handle.inode.open.lock().remove(fh);
             drop(backing);
             return Err(Kind::Closed.into());
         }
@@ -999,6 +1015,16 @@ impl Fs {
     /// lower flush error count, a warning with the path); the kernel ignores RELEASE errors,
     /// so this returns `Ok` all the same.
     ///
+    /// A writable passthrough handle's lower fd is flushed (`close(dup(fd))`) and then kept
+    /// ([`LINGER_CAP`], the newest per inode) instead of closed: a shared mapping made
+    /// through it holds the kernel's own backing file, so RELEASE comes at the application's
+    /// `close()` while the mapping's writes come later, straight to the lower, which then
+    /// sees only its backing file's RELEASE and no FLUSH (gcsfuse and bucketfs would never
+    /// upload them). The kept fd's close later (evicted, or at the teardown, [`Fs::close_all`])
+    /// is a `close(2)` on the lower inode: the kernel writes the mapping's dirty pages back and
+    /// sends the lower a FLUSH, which uploads them; if it fails, the file is a failed flush.
+    /// A FLUSH of an unchanged file uploads nothing on gcsfuse v3.11.2 and bucketfs.
+    ///
     /// # Errors
     /// `EBADF` for an unknown fh; `EIO` once the lower fds are closed (the handle's fd is
     /// already closed then).
@@ -1010,15 +1036,21 @@ impl Fs {
             .handles
             .remove(nodeid, fh)
             .ok_or(Error::from(Kind::UnknownHandle))?;
-        let backing_to_drop = match h.kind {
+        let (passthrough, backing_to_drop) = match h.kind {
             HandleKind::File { .. } => h.inode.open.lock().remove(fh),
-            HandleKind::Dir(_) => None,
+            HandleKind::Dir(_) => (false, None),
         };
         drop(backing_to_drop);
         let _call = self.acct.lower_call(LowerCall::Release);
         let writable = h.writable();
         let inode = Arc::clone(&h.inode);
-        if let Err(e) = h.close() {
+        // Kept before the close, so the close below is a flush (close(dup(fd))).
+        let keep = (writable && passthrough).then(|| Arc::clone(&h.fd));
+        let closed = h.close();
+        if let Some(fd) = keep {
+            self.linger(Arc::clone(&inode), fd);
+        }
+        if let Err(e) = closed {
             if writable {
                 // RELEASE answers the kernel `Ok` (it ignores errors), so this is the one log
                 // line of the failure.
@@ -1032,6 +1064,48 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// Keeps `fd` of `inode` in the lingering set; closes what that pushes out (the same
+    /// inode's older fd, or the least recently released one).
+    fn linger(&self, inode: Arc<Inode>, fd: Arc<OwnedFd>) {
+        let nodeid = inode.nodeid;
+        let out = {
+            let mut l = self.lingering.lock();
+            // Checked under the lock, which `close_lower_fds` takes after setting it.
+            if self.admission.fds_closed() {
+                Some((nodeid, (inode, fd)))
+            } else {
+                l.push(nodeid, (inode, fd))
+            }
+        };
+        if let Some((_, (inode, fd))) = out
+            && let Err(e) = self.close_lingering(&inode, fd)
+        {
+            tracing::warn!(nodeid = inode.nodeid, path = %inode.path().display(), error = %e, "the lower's close of a released passthrough writer failed: a failed flush");
+        }
+    }
+
+    /// Closes a lingering lower fd: the lower's FLUSH (counted as a lower flush), recorded as
+    /// a failed flush when it fails.
+    fn close_lingering(&self, inode: &Inode, fd: Arc<OwnedFd>) -> std::result::Result<(), Errno> {
+        let _call = self.acct.lower_call(LowerCall::Flush);
+        let r = match Arc::try_unwrap(fd) {
+            Ok(fd) => sys::close(fd),
+            Err(fd) => sys::flush(fd.as_fd()),
+        };
+        if let Err(e) = r {
+            self.record_failed_flush(inode, e);
+            if Error::lower(e).is_lower_disconnect() {
+                self.admission.set_lower_gone();
+            }
+        }
+        r
+    }
+
+    /// Number of lingering lower fds of released passthrough writers.
+    pub fn lingering(&self) -> usize {
+        self.lingering.lock().len()
     }
 
     /// OPENDIR.
@@ -1283,12 +1357,22 @@ impl Fs {
             .collect()
     }
 
-    /// Closes every remaining handle's lower fd (teardown after unmount, or at the deadline);
-    /// the close is the lower's flush, so the lower uploads what it can. Returns the paths of
-    /// writable handles whose close failed (also counted as lower flush errors).
+    /// Closes every remaining handle's lower fd and every lingering one of a released
+    /// passthrough writer (teardown after unmount, or at the deadline); the close is the
+    /// lower's flush, so the lower uploads what it can. Returns the paths of writable handles
+    /// whose close failed (also counted as lower flush errors).
     pub fn close_all(&self) -> Vec<String> {
         let handles = self.handles.drain();
         let mut failed = Vec::new();
+        let lingering: Vec<_> = {
+            let mut l = self.lingering.lock();
+            std::iter::from_fn(|| l.pop_lru()).collect()
+        };
+        for (_, (inode, fd)) in lingering {
+            if let Err(e) = self.close_lingering(&inode, fd) {
+                failed.push(format!("{}: {e}", inode.path().display()));
+            }
+        }
         for h in handles {
             let unlisted = h.inode.open.lock().clear();
             drop(unlisted);

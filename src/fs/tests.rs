@@ -543,3 +543,58 @@ fn close_lower_fds_closes_everything_and_later_calls_fail_with_eio() {
     assert!(fs.close_lower_fds().is_empty(), "idempotent");
     assert_eq!(fds_into(&root), 0);
 }
+
+/// A released writable passthrough handle's lower fd is kept (the newest per inode, bounded)
+/// and closed by the teardown's `close_all`; read-only and drainfs-served handles are closed
+/// at RELEASE.
+#[test]
+fn released_passthrough_writers_linger_until_close_all() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+    }
+    // A budget of 8 fds: at most 2 lingering.
+    let fs = fs_on(dir.path(), 8);
+    let register = |_: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(())) };
+    let pt = Passthrough {
+        register: &register,
+        only_if_shared: false,
+    };
+    let ids: Vec<u64> = (0..3)
+        .map(|i| {
+            fs.lookup(ROOT_ID, OsStr::new(&format!("f{i}")))
+                .unwrap()
+                .nodeid
+        })
+        .collect();
+    let open_fds = || fds_into(dir.path());
+    let before = open_fds();
+    // Served by drainfs, or read-only: closed at RELEASE.
+    let w = fs.open(ids[0], libc::O_WRONLY, Caller::ROOT, None).unwrap();
+    fs.release(ids[0], w.fh).unwrap();
+    let r = fs
+        .open(ids[0], libc::O_RDONLY, Caller::ROOT, Some(pt))
+        .unwrap();
+    fs.release(ids[0], r.fh).unwrap();
+    assert_eq!((fs.lingering(), open_fds()), (0, before));
+    // Passthrough writers: kept, the newest per inode.
+    for _ in 0..2 {
+        let w = fs
+            .open(ids[0], libc::O_RDWR, Caller::ROOT, Some(pt))
+            .unwrap();
+        assert!(w.backing.is_some());
+        fs.release(ids[0], w.fh).unwrap();
+    }
+    assert_eq!((fs.lingering(), open_fds()), (1, before + 1));
+    for id in &ids[1..] {
+        let w = fs
+            .open(*id, libc::O_WRONLY, Caller::ROOT, Some(pt))
+            .unwrap();
+        fs.release(*id, w.fh).unwrap();
+    }
+    assert_eq!(fs.lingering(), 2, "bounded: the oldest was closed");
+    assert_eq!(open_fds(), before + 2);
+    assert!(fs.close_all().is_empty());
+    assert_eq!((fs.lingering(), open_fds()), (0, before));
+    assert!(fs.failed_flushes().is_empty());
+}

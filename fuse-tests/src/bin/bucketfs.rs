@@ -134,7 +134,8 @@ struct Args {
     #[arg(long, value_name = "SUBSTR")]
     slow_read: Option<String>,
 
-    /// How long each read of a `--slow-read` key sleeps before answering.
+    /// How long each read of a `--slow-read` key sleeps before answering (cut short when a
+    /// stop signal makes bucketfs unmount).
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
     read_delay: Duration,
 
@@ -1217,7 +1218,7 @@ impl Filesystem for BucketFs {
             if let Some(slow) = &self.policy.slow_read {
                 let key = node.state.lock().key.clone();
                 if key.contains(slow.as_str()) {
-                    std::thread::sleep(self.policy.read_delay);
+                    slow_read_sleep(self.policy.read_delay);
                 }
             }
             let object = self
@@ -1524,6 +1525,19 @@ fn die_by_sigterm() -> ! {
     unsafe { libc::_exit(128 + libc::SIGTERM) }
 }
 
+/// Set (and its condvar notified) once a stop signal asks bucketfs to unmount: the remaining
+/// delay of every `--slow-read` read ends then, so a stopping bucketfs never keeps a worker
+/// asleep past its unmount (the read is then served normally).
+static STOPPING: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+/// Sleeps `delay`, or less if a stop signal comes meanwhile ([`STOPPING`]).
+fn slow_read_sleep(delay: Duration) {
+    let (lock, cv) = &STOPPING;
+    let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = cv.wait_timeout_while(guard, delay, |stopping| !*stopping);
+}
+
 /// The signal thread: waits for SIGINT/SIGTERM with `sigwait` and reacts like gcsfuse: unmount
 /// (`mountpoint` given), or log and keep serving (`None`: a `/dev/fd/N` connection someone
 /// else mounted; gcsfuse logs "externally managed" and waits for EOF or SIGKILL).
@@ -1559,6 +1573,11 @@ fn signal_loop(
             continue;
         };
         eprintln!("bucketfs: {name}: unmounting {}", mountpoint.display());
+        {
+            let (lock, cv) = &STOPPING;
+            *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        }
         if let Err(e) = unmount(mountpoint) {
             eprintln!(
                 "bucketfs: unmount of {} failed: {e}; still serving",

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the two images without a Docker engine, from the binaries this project builds and
+# tests, and writes them as OCI archives that `skopeo copy` pushes:
+#   target/images/drainfs-sidecar.tar   the self-managed sidecar (entrypoint drainfs)
+#   target/images/gcsfuse-relay.tar     laid out as GKE's sidecar-mounter image: entrypoint
+#                                       /gcs-fuse-csi-driver-sidecar-mounter, /gcsfuse = drainfs,
+#                                       /gcsfuse.real = gcsfuse
+# and the OCI layout both came from (target/images/oci, tags `sidecar` and `relay`).
+#
+# Inputs: drainfs built here with `-C target-feature=+crt-static` (a static-pie binary, no
+# shared libraries, checked), gcsfuse v3.11.2 and the sidecar mounter v1.24.4 as
+# scripts/install-lowers.sh builds them from their Go modules (CGO_ENABLED=0, static; found in
+# $DRAINFS_LOWERS_ROOT/bin, default /opt/drainfs-lowers/bin), and Debian's CA bundle.
+# Files and modes come from files.txt, staged by stage-rootfs.sh (the Dockerfile runs the
+# same script). Tools: umoci (writes the layers and the config into an OCI layout, as an
+# unprivileged file operation: no daemon, no storage driver, no mounts) and skopeo (layout to
+# archive, and what a user pushes with). Installs them with apt-get when missing.
+#
+# Usage: bash docker/image/build.sh        (as root, from anywhere)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$repo"
+out="$repo/target/images"
+lowers="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin"
+GCSFUSE_VERSION=3.11.2
+SIDECAR_VERSION=v1.24.4
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+
+need=()
+command -v umoci >/dev/null || need+=(umoci)
+command -v skopeo >/dev/null || need+=(skopeo)
+[[ -f /etc/ssl/certs/ca-certificates.crt ]] || need+=(ca-certificates)
+if ((${#need[@]})); then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+triple=$(rustc -vV | sed -n 's/^host: //p')
+echo "==> static drainfs ($triple, +crt-static)"
+# --target keeps the flag off build scripts and proc macros (which must stay dynamic) and
+# gives the static build a directory of its own (target/$triple), next to the normal one.
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p drainfs --target "$triple"
+drainfs="$repo/target/$triple/release/drainfs"
+if readelf -lW "$drainfs" | grep -q INTERP || readelf -dW "$drainfs" | grep -q NEEDED; then
+  echo "build.sh: $drainfs is not static:" >&2
+  readelf -dW "$drainfs" | grep NEEDED >&2 || true
+  exit 1
+fi
+
+for b in gcsfuse gcs-fuse-csi-driver-sidecar-mounter; do
+  [[ -x "$lowers/$b" ]] || { echo "build.sh: $lowers/$b missing: run bash scripts/install-lowers.sh" >&2; exit 1; }
+  if readelf -lW "$(readlink -f "$lowers/$b")" | grep -q INTERP; then
+    echo "build.sh: $lowers/$b is dynamically linked" >&2
+    exit 1
+  fi
+done
+"$lowers/gcsfuse" --version | grep -q "gcsfuse version $GCSFUSE_VERSION " \
+  || { echo "build.sh: $lowers/gcsfuse is not v$GCSFUSE_VERSION" >&2; exit 1; }
+
+rm -rf "$out/dist" "$out/rootfs" "$out/oci"
+mkdir -p "$out/dist" "$out/rootfs"
+install -m 0755 "$drainfs" "$out/dist/drainfs"
+strip "$out/dist/drainfs"
+install -m 0755 "$(readlink -f "$lowers/gcsfuse")" "$out/dist/gcsfuse"
+install -m 0755 "$(readlink -f "$lowers/gcs-fuse-csi-driver-sidecar-mounter")" "$out/dist/gcs-fuse-csi-driver-sidecar-mounter"
+install -m 0644 /etc/ssl/certs/ca-certificates.crt "$out/dist/ca-certificates.crt"
+install -m 0644 "$here/passwd" "$here/group" "$out/dist/"
+
+umoci init --layout "$out/oci"
+labels=(
+  --config.label "org.opencontainers.image.licenses=Apache-2.0"
+  --config.label "org.opencontainers.image.version=$version"
+)
+build() { # IMAGE, then umoci config flags
+  local image=$1
+  shift
+  echo "==> image $image"
+  bash "$here/stage-rootfs.sh" "$image" "$out/dist" "$out/rootfs/$image"
+  umoci new --image "$out/oci:$image"
+  umoci insert --image "$out/oci:$image" --history.created_by "docker/image/build.sh $image" \
+    "$out/rootfs/$image" /
+  umoci config --image "$out/oci:$image" --config.env "PATH=/usr/local/bin:/usr/bin:/bin:/" \
+    "${labels[@]}" "$@"
+}
+build sidecar --config.entrypoint /usr/local/bin/drainfs --config.cmd --help \
+  --config.user 0:0 --config.label "org.opencontainers.image.title=drainfs"
+build relay --config.entrypoint /gcs-fuse-csi-driver-sidecar-mounter \
+  --config.user 65534:65534 \
+  --config.label "org.opencontainers.image.title=gcs-fuse-csi-driver-sidecar-mounter with drainfs as /gcsfuse" \
+  --config.label "dev.drainfs.sidecar-mounter.version=$SIDECAR_VERSION" \
+  --config.label "dev.drainfs.gcsfuse.version=$GCSFUSE_VERSION"
+umoci gc --layout "$out/oci"
+
+rm -f "$out/drainfs-sidecar.tar" "$out/gcsfuse-relay.tar"
+skopeo copy --quiet "oci:$out/oci:sidecar" "oci-archive:$out/drainfs-sidecar.tar:drainfs:$version"
+skopeo copy --quiet "oci:$out/oci:relay" \
+  "oci-archive:$out/gcsfuse-relay.tar:gcs-fuse-csi-driver-sidecar-mounter:$SIDECAR_VERSION-gke.0-drainfs.$version"
+for a in drainfs-sidecar gcsfuse-relay; do
+  printf '  %s  %s\n' "$(du -h "$out/$a.tar" | cut -f1)" "$out/$a.tar"
+done

@@ -1,0 +1,546 @@
+#!/usr/bin/env python3
+"""Runs the images docker/image/build.sh built in runc, in the pod's shape, against the real
+peers and a fake-gcs-server on loopback, and checks the outcome where Kubernetes shows it.
+
+Usage (root): docker/image/run-test.py [relay] [relay-held] [sidecar]      (default: all)
+
+relay   (target/images/oci:relay, GKE's layout): as GKE's webhook injects it, uid/gid 65534,
+        no capabilities, no_new_privs, read-only root, no /dev/fuse; the emptyDirs
+        /gcsfuse-tmp and /gcsfuse-buffer and the termination-log file as bind mounts;
+        NATIVE_SIDECAR=TRUE. The node-driver stand-in (this script) opens /dev/fuse, mounts the
+        volume's target with fd=N and hands the fd and the mount config to the sidecar mounter
+        over <tmp>/.volumes/<vol>/socket, as csi_mounter.go does. The container's entrypoint is
+        the real sidecar mounter v1.24.4, which execs /gcsfuse (drainfs) with /gcsfuse.real
+        (gcsfuse v3.11.2) behind it.
+sidecar (target/images/oci:sidecar): the drainfs container of docker/k8s/job-native-sidecar.yaml
+        with the manifest's own command and environment (only gcsfuse's bucket and endpoint
+        flags are the fake server's): uid 0, privileged (every capability, /dev/fuse), read-only
+        root, /data bind-mounted rshared (Bidirectional) from a shared mount on the host,
+        /gcs-lower, /run/drainfs, /tmp and /dev/termination-log bind-mounted.
+
+relay-held: the relay image again, with a file that stays open for writing past the stop: the
+        container still exits 0 (the sidecar mounter's status), drainfs forces its stop before
+        the sidecar mounter's SIGKILL, and the termination message says exit 75, incomplete,
+        forced at the deadline, and names the file.
+
+Each run: a workload on the host writes files through the volume (one of them still open and
+being written when the container gets its SIGTERM), `runc kill ... TERM` as the kubelet sends
+it, then the checks: the container's exit code, the time from SIGTERM to exit (the relay must
+beat the sidecar mounter's SIGKILL at 5 s), the JSON summary in the termination-log file
+(exit_code 0, outcome clean), a new open after the SIGTERM refused, and every object in the
+bucket read back from the server, byte for byte. The network namespace is the host's: the
+fake server on 127.0.0.1 stands in for storage.googleapis.com (in a pod it would be reached
+through the pod's own network namespace). Containers, mounts, the fake server and the
+temporary directories are removed on every exit path. Exit 0 when every check passed.
+DRAINFS_IMAGE_DRAINFS=PATH runs another drainfs binary in the images' place;
+DRAINFS_IMAGE_TEST_KEEP=1 keeps the work directory (logs) for a look afterwards.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMAGES = os.path.join(REPO, "target", "images")
+LOWERS = os.path.join(os.environ.get("DRAINFS_LOWERS_ROOT", "/opt/drainfs-lowers"), "bin")
+BUCKET = "drainfs-image-test"
+ALL_CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+    "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+    "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
+    "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+]
+
+failures = []
+
+
+def privileged_caps():
+    """What `privileged: true` gives: every capability the runtime itself holds (its bounding
+    set; ALL_CAPS is in bit order)."""
+    with open("/proc/self/status") as f:
+        bnd = int(next(l for l in f if l.startswith("CapBnd:")).split()[1], 16)
+    return [c for i, c in enumerate(ALL_CAPS) if bnd >> i & 1]
+
+
+def check(ok, what):
+    print(f"  [{'ok' if ok else 'FAIL'}] {what}", flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_gcs(stack, workdir):
+    port = free_port()
+    log = open(os.path.join(workdir, "fake-gcs.log"), "wb")
+    p = subprocess.Popen(
+        [os.path.join(LOWERS, "fake-gcs-server"), "-scheme", "http", "-backend", "memory",
+         "-host", "127.0.0.1", "-port", str(port), "-public-host", f"localhost:{port}",
+         "-log-level", "warn"],
+        stdout=log, stderr=subprocess.STDOUT)
+
+    def stop():
+        p.kill()
+        p.wait()
+    stack.callback(stop)
+    base = f"http://127.0.0.1:{port}/storage/v1"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{base}/b?project=test", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.05)
+    req = urllib.request.Request(f"{base}/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    urllib.request.urlopen(req, timeout=5).read()
+    return port
+
+
+def objects(port):
+    """Every object of the bucket: name -> bytes, read back from the server."""
+    out, token = {}, None
+    while True:
+        url = f"http://127.0.0.1:{port}/storage/v1/b/{BUCKET}/o?maxResults=1000"
+        if token:
+            url += f"&pageToken={token}"
+        listing = json.load(urllib.request.urlopen(url, timeout=10))
+        for item in listing.get("items", []):
+            name = item["name"]
+            q = urllib.parse.quote(name, safe="")
+            out[name] = urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/download/storage/v1/b/{BUCKET}/o/{q}?alt=media",
+                timeout=30).read()
+        token = listing.get("nextPageToken")
+        if not token:
+            return out
+
+
+def unpack(stack, tag, workdir):
+    bundle = os.path.join(workdir, f"bundle-{tag}")
+    subprocess.run(["umoci", "unpack", "--image", f"{IMAGES}/oci:{tag}", bundle], check=True,
+                   stdout=subprocess.DEVNULL)
+    stack.callback(shutil.rmtree, bundle, True)
+    # DRAINFS_IMAGE_DRAINFS: another drainfs binary in the image's place (to run these checks
+    # against an older build).
+    other = os.environ.get("DRAINFS_IMAGE_DRAINFS")
+    if other:
+        dest = {"relay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}[tag]
+        shutil.copy(other, os.path.join(bundle, "rootfs", dest))
+    with open(os.path.join(bundle, "config.json")) as f:
+        return bundle, json.load(f)
+
+
+def kubelet_files(workdir):
+    """The files the kubelet bind-mounts into every container: /etc/hosts (localhost, which
+    the static Go gcsfuse resolves itself: without it `localhost` goes to DNS) and
+    /etc/resolv.conf."""
+    hosts = os.path.join(workdir, "etc-hosts")
+    with open(hosts, "w") as f:
+        f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    resolv = os.path.join(workdir, "etc-resolv.conf")
+    with open(resolv, "w") as f:
+        f.write("nameserver 127.0.0.1\noptions ndots:5\n")
+    return [bind("/etc/hosts", hosts, "ro"), bind("/etc/resolv.conf", resolv, "ro")]
+
+
+def bind(dest, src, *opts):
+    return {"destination": dest, "type": "bind", "source": src, "options": ["rbind", *opts]}
+
+
+def pod_spec(spec, *, user, caps, no_new_privs, fuse_device, mounts, env, args):
+    p = spec["process"]
+    p["terminal"] = False
+    p["user"] = {"uid": user, "gid": user, "additionalGids": []}
+    p["capabilities"] = {k: list(caps) for k in ("bounding", "effective", "permitted")}
+    p["noNewPrivileges"] = no_new_privs
+    p["env"] = [e for e in p.get("env", []) if e.startswith("PATH=")] + env
+    p["args"] = args
+    p["cwd"] = "/"
+    spec["root"]["readonly"] = True
+    linux = spec.setdefault("linux", {})
+    # The host's network namespace: the fake server listens on its loopback.
+    linux["namespaces"] = [n for n in linux.get("namespaces", []) if n["type"] != "network"]
+    linux.pop("uidMappings", None)
+    linux.pop("gidMappings", None)
+    devices = linux.setdefault("resources", {}).setdefault("devices", [])
+    devices[:] = [{"allow": False, "access": "rwm"}]
+    if fuse_device:
+        linux.setdefault("devices", []).append(
+            {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "fileMode": 0o666,
+             "uid": 0, "gid": 0})
+        devices.append({"allow": True, "type": "c", "major": 10, "minor": 229, "access": "rwm"})
+    for std in ((1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2), (136, None)):
+        devices.append({"allow": True, "type": "c", "major": std[0],
+                        **({"minor": std[1]} if std[1] is not None else {}), "access": "rwm"})
+    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] not in {x["destination"] for x in mounts}]
+    spec["mounts"] += mounts
+    return spec
+
+
+class Container:
+    """`runc run` of a bundle in the foreground of a child process; killed and deleted on exit."""
+
+    def __init__(self, stack, bundle, spec, name, workdir):
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump(spec, f, indent=1)
+        self.name, self.root = name, os.path.join(workdir, "runc-state")
+        self.log = os.path.join(workdir, f"{name}.log")
+        self.proc = subprocess.Popen(
+            ["runc", "--root", self.root, "run", "--bundle", bundle, name],
+            stdin=subprocess.DEVNULL, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        stack.callback(self.destroy)
+
+    def kill(self, sig="TERM"):
+        subprocess.run(["runc", "--root", self.root, "kill", self.name, sig], check=False,
+                       stderr=subprocess.DEVNULL)
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def destroy(self):
+        if self.proc.poll() is None:
+            self.kill("KILL")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        subprocess.run(["runc", "--root", self.root, "delete", "--force", self.name],
+                       check=False, stderr=subprocess.DEVNULL)
+
+    def tail(self, n=40):
+        with open(self.log, "rb") as f:
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+
+
+def wait_statfs(path, timeout):
+    """Whether statfs(path) answers within timeout, in a child (it blocks until INIT)."""
+    try:
+        r = subprocess.run(["stat", "-f", "-c", "%T", path], timeout=timeout, capture_output=True)
+        return r.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def is_mount(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def umount(path):
+    for _ in range(8):
+        if not is_mount(path):
+            return
+        subprocess.run(["umount", "-l", path], check=False, stderr=subprocess.DEVNULL)
+
+
+def workload(vol, open_during_term, term):
+    """Writes files through the mounted volume `vol`; returns name -> bytes. One file is open
+    and half written when `term()` is called, and is finished and closed after it; then a new
+    open must be refused."""
+    # gcsfuse stores a directory made with mkdir as an empty object named `results/`.
+    files = {"results/": b""}
+    os.makedirs(os.path.join(vol, "results"), exist_ok=True)
+    for i in range(5):
+        data = os.urandom(256 * 1024 * (i + 1))
+        with open(os.path.join(vol, "results", f"part-{i}.bin"), "wb") as f:
+            f.write(data)
+        files[f"results/part-{i}.bin"] = data
+    late = os.urandom(8 * 1024 * 1024)
+    f = open(os.path.join(vol, open_during_term), "wb")
+    f.write(late[: len(late) // 2])
+    term()
+    time.sleep(0.2)
+    f.write(late[len(late) // 2:])
+    f.close()  # the upload happens here; it must succeed after the SIGTERM
+    files[open_during_term] = late
+    try:
+        open(os.path.join(vol, "after-sigterm.txt"), "wb").close()
+        refused = False
+    except OSError as e:
+        refused = e.errno in (errno.ESHUTDOWN, errno.ENOTCONN, errno.EIO, errno.ENOENT, errno.EACCES)
+    return files, refused
+
+
+def schema_errors(doc):
+    """Where `doc` breaks the published summary schema (jsonschema: in the manifest linters'
+    virtualenv, which docker/check.sh installs)."""
+    import jsonschema
+    with open(os.path.join(REPO, "docker", "monitoring", "summary.schema.json")) as f:
+        schema = json.load(f)
+    v = jsonschema.Draft202012Validator(schema)
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in v.iter_errors(doc)]
+
+
+def check_outcome(name, c, t_term, code, term_log, port, files, refused, within):
+    elapsed = time.monotonic() - t_term
+    check(code is not None, f"{name}: the container exited ({c.name})")
+    if code is None:
+        print(c.tail())
+        return
+    print(f"  {name}: container exit {code} {elapsed:.2f} s after SIGTERM")
+    check(code == 0, f"{name}: container exit code 0 (got {code})")
+    check(elapsed < within, f"{name}: exited within {within} s of the SIGTERM ({elapsed:.2f} s)")
+    check(refused, f"{name}: a new open after the SIGTERM was refused")
+    with open(term_log) as f:
+        text = f.read()
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = {}
+    check(summary.get("exit_code") == 0 and summary.get("outcome") == "clean",
+          f"{name}: termination message is a clean drainfs summary ({text[:200]!r})")
+    check(schema_errors(summary) == [], f"{name}: the summary matches docker/monitoring/summary.schema.json {schema_errors(summary)}")
+    got = objects(port)
+    check(sorted(got) == sorted(files), f"{name}: the bucket holds exactly the files written ({sorted(got)})")
+    for k, v in files.items():
+        check(got.get(k) == v, f"{name}: object {k} ({len(v)} bytes) intact")
+    if failures:
+        print(c.tail())
+
+
+def test_relay(stack, workdir, held=False):
+    if held:
+        print("==> relay image, a file still open for writing when the sidecar mounter's SIGKILL comes")
+    else:
+        print("==> relay image (GKE layout) under the real sidecar mounter, uid 65534, no capabilities")
+    port = fake_gcs(stack, workdir)
+    vol = "vol-1"
+    tmp_vol = os.path.join(workdir, "gcsfuse-tmp")
+    buf_vol = os.path.join(workdir, "gcsfuse-buffer")
+    target = os.path.join(workdir, "target")
+    term_log = os.path.join(workdir, "termination-log")
+    for d in (os.path.join(tmp_vol, ".volumes", vol), buf_vol, target):
+        os.makedirs(d)
+    for d in (tmp_vol, os.path.join(tmp_vol, ".volumes"), os.path.join(tmp_vol, ".volumes", vol), buf_vol):
+        os.chown(d, 65534, 65534)
+    open(term_log, "w").close()
+    os.chmod(term_log, 0o666)
+    # The node driver: /dev/fuse opened and mounted at the target with fd=N.
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    fd_open = [True]
+
+    def close_fd():
+        if fd_open[0]:
+            fd_open[0] = False
+            os.close(fd)
+    stack.callback(close_fd)
+    opts = f"nodev,nosuid,allow_other,default_permissions,rootmode=40000,user_id=0,group_id=0,fd={fd}"
+    subprocess.run(["mount", "-i", "-t", "fuse", "-o", opts, BUCKET, target], pass_fds=(fd,), check=True)
+    stack.callback(umount, target)
+    sock_path = os.path.join(tmp_vol, ".volumes", vol, "socket")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    os.chmod(sock_path, 0o777)
+    srv.listen(1)
+    stack.callback(srv.close)
+    msg = json.dumps({"bucketName": BUCKET, "volumeName": vol, "options": [
+        f"custom-endpoint=http://localhost:{port}/storage/v1/", "anonymous-access",
+        "enable-hns=false", "enable-atomic-rename-object=false", "disable-autoconfig",
+        "implicit-dirs", "disable-metrics-for-gke:true"]}).encode()
+    sent = threading.Event()
+
+    def hand_over():
+        srv.settimeout(60)
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        socket.send_fds(conn, [msg], [fd])
+        conn.close()
+        # As the node driver does: the sidecar now holds the only copy, so the connection
+        # ends when the sidecar's processes are gone.
+        close_fd()
+        sent.set()
+    threading.Thread(target=hand_over, daemon=True).start()
+
+    bundle, spec = unpack(stack, "relay", workdir)
+    spec = pod_spec(
+        spec, user=65534, caps=[], no_new_privs=True, fuse_device=False,
+        env=["NATIVE_SIDECAR=TRUE"],
+        # The webhook's arguments (sidecar_spec.go): klog verbosity only.
+        args=["/gcs-fuse-csi-driver-sidecar-mounter", "--v=5"],
+        mounts=[
+            bind("/gcsfuse-tmp", tmp_vol, "rw"),
+            bind("/gcsfuse-buffer", buf_vol, "rw"),
+            bind("/dev/termination-log", term_log, "rw"),
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+            *kubelet_files(workdir),
+        ])
+    c = Container(stack, bundle, spec, f"drainfs-relay-{os.getpid()}", workdir)
+    check(sent.wait(60), "relay: the sidecar mounter took the FUSE fd from the node driver's socket")
+    ready = wait_statfs(target, 60)
+    check(ready, "relay: the volume answers through drainfs and gcsfuse")
+    if not ready:
+        print(c.tail())
+        return
+    t = {}
+
+    def term():
+        t["t"] = time.monotonic()
+        c.kill("TERM")
+    if held:
+        held_outcome(c, target, term, term_log, port)
+        return
+    files, refused = workload(target, "results/late.bin", term)
+    code = c.wait(30)
+    check_outcome("relay", c, t["t"], code, term_log, port, files, refused, within=5.0)
+    with open(os.path.join(tmp_vol, ".volumes", vol, "error"), "rb") if os.path.exists(
+            os.path.join(tmp_vol, ".volumes", vol, "error")) else open(os.devnull, "rb") as f:
+        err = f.read().decode(errors="replace").strip()
+    print(f"  relay: the sidecar mounter's error file: {err[-300:]!r}")
+
+
+def held_outcome(c, target, term, term_log, port):
+    """A writer that never closes: drainfs forces its stop before the sidecar mounter's SIGKILL
+    (5 s), and the outcome (exit 75, the file named) must be in the termination message, since
+    the container's exit code is the sidecar mounter's 0."""
+    with open(os.path.join(target, "done.bin"), "wb") as f:
+        f.write(b"uploaded before the stop\n")
+    held = open(os.path.join(target, "held.bin"), "wb")
+    held.write(os.urandom(1024 * 1024))
+    held.flush()
+    t0 = time.monotonic()
+    term()
+    code = c.wait(30)
+    elapsed = time.monotonic() - t0
+    with contextlib.suppress(OSError):
+        held.close()  # the connection is gone: this close fails
+    check(code == 0, f"relay-held: container exit code is the sidecar mounter's 0 (got {code})")
+    with open(term_log) as f:
+        text = f.read()
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = {}
+    # A SIGKILLed drainfs writes no summary; its own clock says when it finished.
+    exit_ms = (summary.get("timings") or {}).get("exit_ms")
+    print(f"  relay-held: container exit {elapsed:.2f} s after SIGTERM, drainfs done at {exit_ms} ms")
+    check(isinstance(exit_ms, int) and exit_ms < 5000,
+          f"relay-held: drainfs finished before the sidecar mounter's SIGKILL at 5 s ({exit_ms} ms)")
+    check(summary.get("exit_code") == 75 and summary.get("outcome") == "incomplete"
+          and summary.get("forced") == "deadline",
+          f"relay-held: termination message says incomplete, forced at the deadline ({text[:160]!r})")
+    check(any(p.endswith("held.bin") for p in summary.get("open_paths", [])),
+          f"relay-held: the summary names the file still open ({summary.get('open_paths')})")
+    check(schema_errors(summary) == [], f"relay-held: the summary matches the schema {schema_errors(summary)}")
+    got = objects(port)
+    check(got.get("done.bin") == b"uploaded before the stop\n", "relay-held: the closed file is in the bucket")
+    if failures:
+        print(c.tail())
+
+
+def manifest_sidecar():
+    out = subprocess.run([sys.executable, os.path.join(REPO, "docker", "extract-drainfs-invocations.py"),
+                          os.path.join(REPO, "docker", "k8s", "job-native-sidecar.yaml")],
+                         check=True, capture_output=True, text=True).stdout
+    runs = [e for e in json.loads(out) if e["subcommand"] == "run"]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_sidecar(stack, workdir):
+    print("==> self-managed sidecar image as in job-native-sidecar.yaml: uid 0, privileged, read-only root")
+    port = fake_gcs(stack, workdir)
+    inv = manifest_sidecar()
+    argv = inv["argv"]
+    dd = argv.index("--")
+    lower_cmd = argv[dd + 1:]
+    # The manifest's gcsfuse line, with the fake server's bucket and flags.
+    gcsfuse = [lower_cmd[0], "--foreground", f"--custom-endpoint=http://localhost:{port}/storage/v1/",
+               "--anonymous-access", "--enable-hns=false", "--enable-atomic-rename-object=false",
+               "--disable-autoconfig", "--implicit-dirs", BUCKET, lower_cmd[-1]]
+    args = ["/usr/local/bin/drainfs", *argv[1:dd], "--", *gcsfuse]
+    env = [f"{k}={v}" for k, v in inv["env"].items() if k != "DRAINFS_ADMIN_ADDR"]
+    data = os.path.join(workdir, "data")
+    term_log = os.path.join(workdir, "termination-log")
+    vols = {d: os.path.join(workdir, d.strip("/").replace("/", "-")) for d in ("/gcs-lower", "/run/drainfs", "/tmp")}
+    for d in [data, *vols.values()]:
+        os.makedirs(d)
+    open(term_log, "w").close()
+    # Bidirectional: a shared mount on the node, bind-mounted rshared into the container.
+    subprocess.run(["mount", "--bind", data, data], check=True)
+    stack.callback(umount, data)
+    subprocess.run(["mount", "--make-shared", data], check=True)
+    bundle, spec = unpack(stack, "sidecar", workdir)
+    spec = pod_spec(
+        spec, user=0, caps=privileged_caps(), no_new_privs=False, fuse_device=True, env=env, args=args,
+        mounts=[bind("/data", data, "rw", "rshared"),
+                *[bind(d, src, "rw") for d, src in vols.items()],
+                bind("/dev/termination-log", term_log, "rw"),
+                *kubelet_files(workdir)])
+    spec["linux"]["rootfsPropagation"] = "rshared"
+    c = Container(stack, bundle, spec, f"drainfs-sidecar-{os.getpid()}", workdir)
+    deadline = time.monotonic() + 60
+    served = False
+    while time.monotonic() < deadline and c.proc.poll() is None:
+        with open("/proc/self/mountinfo") as f:
+            if any(line.split()[4] == data and " - fuse" in line and "drainfs" in line for line in f):
+                served = wait_statfs(data, 30)
+                break
+        time.sleep(0.1)
+    check(served, "sidecar: drainfs's mount reached the node through /data (Bidirectional)")
+    if not served:
+        print(c.tail())
+        return
+    t = {}
+
+    def term():
+        t["t"] = time.monotonic()
+        c.kill("TERM")
+    files, refused = workload(data, "results/late.bin", term)
+    grace = int(inv["termination_grace_period_seconds"])
+    code = c.wait(grace + 10)
+    check_outcome("sidecar", c, t["t"], code, term_log, port, files, refused, within=float(grace))
+    check(not any(line.split()[4] == data and " - fuse" in line for line in open("/proc/self/mountinfo")),
+          "sidecar: no FUSE mount left at /data on the node")
+
+
+def main():
+    # A SIGTERM or SIGINT (CI's timeout, Ctrl-C) unwinds the cleanup stack too.
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _f: sys.exit(128 + n))
+    if os.geteuid() != 0:
+        print("run-test.py: needs root (runc, mount)", file=sys.stderr)
+        return 2
+    which = sys.argv[1:] or ["relay", "relay-held", "sidecar"]
+    for w in which:
+        if w not in ("relay", "relay-held", "sidecar"):
+            print(f"run-test.py: unknown image {w}", file=sys.stderr)
+            return 2
+        with contextlib.ExitStack() as stack:
+            workdir = tempfile.mkdtemp(prefix=f"drainfs-image-{w}-", dir="/tmp")
+            if not os.environ.get("DRAINFS_IMAGE_TEST_KEEP"):
+                stack.callback(shutil.rmtree, workdir, True)
+            os.chmod(workdir, 0o755)
+            {"relay": test_relay, "sidecar": test_sidecar,
+             "relay-held": lambda st, wd: test_relay(st, wd, held=True)}[w](stack, workdir)
+    if failures:
+        print(f"run-test.py: {len(failures)} check(s) FAILED", file=sys.stderr)
+        return 1
+    print("run-test.py: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
