@@ -248,6 +248,7 @@ impl Sidecar {
                 v.extend(["--mountpoint".into(), "/dev/fd/3".into()]);
                 v
             }
+            Daemon::Command(argv) => argv.clone(),
             Daemon::Overlay => {
                 let exe = "/usr/bin/fuse-overlayfs";
                 assert!(
@@ -270,7 +271,6 @@ impl Sidecar {
                     "/dev/fd/3".into(),
                 ]
             }
-            Daemon::Command(argv) => argv.clone(),
         };
         let (sidecar_cmd, admin) = match &via {
             Via::Direct => (daemon_cmd, None),

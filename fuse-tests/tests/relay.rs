@@ -826,3 +826,361 @@ fn a_daemon_that_refuses_init_is_a_failed_start() {
         s.assert_nothing_left();
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// Issue 17: relay edges (notifications, page-cache changes, a slow daemon, no-open daemons,
+// a WRITE after the last FLUSH).
+
+/// A `MAP_SHARED` read-write mapping of the first `len` bytes of `f`, unmapped on drop.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(f: &File, len: usize) -> Mapping {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of an open file; nothing else aliases it in this
+        // process, and it is unmapped only by drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            io::Error::last_os_error()
+        );
+        Mapping { ptr, len }
+    }
+
+    /// Fills the mapping with `byte` (dirtying its pages; no WRITE is sent yet).
+    fn fill(&self, byte: u8) {
+        // SAFETY: the mapping is `len` bytes long, readable and writable.
+        unsafe { std::ptr::write_bytes(self.ptr.cast::<u8>(), byte, self.len) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped, once.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// The connection's abort file in fusectl.
+fn abort_file(s: &Sidecar) -> String {
+    let dev = fs::metadata(&s.mnt).unwrap().dev();
+    format!(
+        "/sys/fs/fuse/connections/{}/abort",
+        nix::sys::stat::minor(dev)
+    )
+}
+
+/// Issue 17.1: the daemon sends NOTIFY_INVAL_INODE while the READ of that inode is in flight
+/// (the kernel holds the notification until the READ's folio is unlocked) and
+/// NOTIFY_INVAL_ENTRY while a LOOKUP in that directory is in flight. The replies still come
+/// through, the kernel takes the notifications, and the stop is clean.
+#[test]
+fn notifications_while_their_request_is_in_flight_never_wedge_the_relay() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--notify-on-read".into(),
+            "inval-inode".into(),
+            "--notify-on-lookup".into(),
+            "inval-entry".into(),
+        ]),
+        relay(),
+    );
+    // Written straight into the bucket: not in the page cache, so the read is a READ.
+    let data = pattern(256 << 10, 17);
+    fs::write(s.store.join("inval-inode.bin"), &data).unwrap();
+    fs::write(s.store.join("inval-entry.txt"), b"entry").unwrap();
+    let p = s.path("inval-inode.bin");
+    let read = within(Duration::from_secs(30), move || {
+        fs::read(&p).map_err(|e| errno_name(&e))
+    });
+    assert!(
+        read == Some(Ok(data.clone())),
+        "the READ did not complete with the object's bytes (hung: {})",
+        read.is_none()
+    );
+    let p = s.path("inval-entry.txt");
+    let looked = within(Duration::from_secs(30), move || {
+        fs::metadata(&p)
+            .map(|m| m.len())
+            .map_err(|e| errno_name(&e))
+    });
+    assert_eq!(looked, Some(Ok(5)), "the LOOKUP did not complete");
+    for key in ["inval-inode.bin", "inval-entry.txt"] {
+        let sent = wait_for_event(&s.events, Duration::from_secs(30), |e| {
+            e.is("notify_sent", key)
+        });
+        assert!(
+            sent.is_some(),
+            "the kernel never took the notification for {key}"
+        );
+    }
+    let status = wait_idle(&s, Duration::from_secs(10));
+    // One per READ (readahead may split the file) and per LOOKUP, all taken by the kernel.
+    let counts = &status["relay"]["counts"];
+    assert!(
+        counts["notifications"].as_u64().is_some_and(|n| n >= 2),
+        "{status:#}"
+    );
+    assert_eq!(counts["notifications_dropped"], 0, "{status:#}");
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    s.assert_nothing_left();
+}
+
+/// Issue 17.2: a file open O_RDWR changed only through a MAP_SHARED mapping (no WRITE has
+/// reached the relay) when the connection is aborted: the change is lost, so the outcome is
+/// 75 with the file named, never 0.
+#[test]
+fn connection_abort_with_changes_only_in_the_page_cache_is_incomplete() {
+    let _fusectl = Fusectl::ensure();
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    fs::create_dir(s.path("m")).unwrap();
+    write_file(&s.path("m/mapped"), &[b'a'; 8192]).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(s.path("m/mapped"))
+        .unwrap();
+    let map = Mapping::new(&f, 8192);
+    map.fill(b'b');
+    let abort = abort_file(&s);
+    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    let e = s.wait(Duration::from_secs(10));
+    assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
+    // The bucket really kept the old object: the change was lost.
+    assert!(fs::read(s.store.join("m/mapped")).unwrap() == vec![b'a'; 8192]);
+    assert_eq!(e.code, Some(75), "{e}");
+    let summary = read_summary(&s);
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!(["m/mapped"]),
+        "{summary:#}"
+    );
+    drop(map);
+    drop(f);
+    s.assert_nothing_left();
+}
+
+/// Issue 17.3: every daemon worker is busy in an 8 s upload while writers queue WRITEs that
+/// fill the socket: the relay waits for the daemon (as the kernel's own queue would) instead
+/// of answering a WRITE EIO itself; every write succeeds and every object arrives.
+#[test]
+fn a_slow_daemon_is_waited_for_and_never_gets_a_request_failed_by_the_relay() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--threads".into(),
+            "1".into(),
+            "--upload-delay".into(),
+            "8s".into(),
+            "--slow-upload".into(),
+            "slow".into(),
+        ]),
+        relay(),
+    );
+    let writers: Vec<File> = (0..10)
+        .map(|i| File::create(s.path(&format!("w{i}.bin"))).unwrap())
+        .collect();
+    let mut slow = File::create(s.path("slow.bin")).unwrap();
+    slow.write_all(b"slow").unwrap();
+    let closer = std::thread::spawn(move || close(slow).map_err(|e| errno_name(&e)));
+    wait_for_event(&s.events, Duration::from_secs(10), |e| {
+        e.is("upload_start", "slow.bin")
+    })
+    .expect("the slow FLUSH reached the daemon");
+    // Ten 128 KiB WRITEs at once: a few fill the socket (212992 bytes requested, doubled by
+    // the kernel), the rest wait for the daemon.
+    let chunk = 128 << 10;
+    let threads: Vec<_> = writers
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            std::thread::spawn(move || {
+                use std::os::unix::fs::FileExt;
+                let data = pattern(chunk, 40 + i as u64);
+                let r = f.write_all_at(&data, 0).map_err(|e| errno_name(&e));
+                (r, f, data)
+            })
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for (i, t) in threads.into_iter().enumerate() {
+        let (r, f, data) = t.join().unwrap();
+        assert_eq!(r, Ok(()), "pwrite of w{i}.bin while the daemon was busy");
+        assert_eq!(
+            close(f).map_err(|e| errno_name(&e)),
+            Ok(()),
+            "close of w{i}.bin"
+        );
+        expected.push(data);
+    }
+    assert_eq!(closer.join().unwrap(), Ok(()), "close of slow.bin");
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    for (i, data) in expected.iter().enumerate() {
+        assert!(
+            fs::read(s.store.join(format!("w{i}.bin"))).unwrap() == *data,
+            "w{i}.bin is not complete in the bucket"
+        );
+    }
+    assert_eq!(fs::read(s.store.join("slow.bin")).unwrap(), b"slow");
+    s.assert_nothing_left();
+}
+
+/// Issue 17.4: a daemon that answers OPEN with ENOSYS (the kernel's no-open mode, in which
+/// no RELEASE comes): a writer still counts, so a stop waits for its close (its upload)
+/// instead of ending at once and cutting it off.
+#[test]
+fn a_writer_on_a_no_open_daemon_holds_the_drain_until_its_close() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(vec!["--open-enosys".into()]), relay());
+    fs::write(s.store.join("w.txt"), b"old").unwrap();
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(s.path("w.txt"))
+        .unwrap();
+    f.write_all(b"new!").unwrap();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let w = f.write_all(b"more").map_err(|e| errno_name(&e));
+        (w, close(f).map_err(|e| errno_name(&e)))
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let status = s.status();
+    assert_eq!(
+        status["outstanding"]["open_write"], 1,
+        "the writer is not counted: {status:#}"
+    );
+    let e = s.stop(Duration::from_secs(15));
+    let (w, c) = writer.join().unwrap();
+    assert_eq!(w, Ok(()), "a write after the stop began");
+    assert_eq!(c, Ok(()), "the writer's close (its upload)");
+    assert_eq!(fs::read(s.store.join("w.txt")).unwrap(), b"new!more");
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    s.assert_nothing_left();
+}
+
+/// Issue 17.5: a write through a mapping after the file's last close, then munmap: the kernel
+/// sends WRITE then RELEASE, no FLUSH, and bucketfs (like gcsfuse) uploads only at
+/// FLUSH/FSYNC. The relay's own FSYNC before the RELEASE uploads it.
+#[test]
+fn a_write_after_the_last_flush_is_synced_before_its_release() {
+    let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(s.path("late.bin"))
+        .unwrap();
+    f.set_len(8192).unwrap();
+    let map = Mapping::new(&f, 8192);
+    map.fill(b'a');
+    (&f).write_all(&[b'a'; 8192]).unwrap();
+    close(f).unwrap();
+    assert!(fs::read(s.store.join("late.bin")).unwrap() == vec![b'a'; 8192]);
+    map.fill(b'b');
+    drop(map);
+    wait_idle(&s, Duration::from_secs(10));
+    let e = s.stop(Duration::from_secs(15));
+    assert!(
+        fs::read(s.store.join("late.bin")).unwrap() == vec![b'b'; 8192],
+        "the change written after the last FLUSH did not reach the bucket"
+    );
+    assert_eq!(e.code, Some(0), "{e}");
+    let summary = read_summary(&s);
+    assert_eq!(
+        summary["failed_flushes"],
+        serde_json::json!([]),
+        "{summary:#}"
+    );
+    s.assert_nothing_left();
+}
+
+/// Issue 17.5 over the real gcsfuse v3.11.2 (fake-gcs-server): gcsfuse uploads at FLUSH and
+/// FSYNC only, so a write through a mapping after the last close, then munmap (WRITE, then
+/// RELEASE, no FLUSH) never reaches the bucket on a direct connection. Through the relay, its
+/// own FSYNC before the RELEASE makes gcsfuse upload it; objects are read back from the server.
+#[test]
+fn gcsfuse_uploads_a_write_after_the_last_flush_through_the_relay() {
+    use fuse_tests::lowers::{Kind, Server, object_of};
+    let server = Server::start(Kind::Gcsfuse);
+    let argv = server.mount_cmd(Path::new("/dev/fd/3"));
+    let mut s = Sidecar::start(Daemon::Command(argv), relay());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(s.path("late.bin"))
+        .unwrap();
+    (&f).write_all(&[b'a'; 8192]).unwrap();
+    let map = Mapping::new(&f, 8192);
+    close(f).unwrap();
+    assert_eq!(
+        server.objects().get("late.bin"),
+        Some(&object_of(&[b'a'; 8192])),
+        "close() uploads"
+    );
+    map.fill(b'b');
+    drop(map);
+    wait_idle(&s, Duration::from_secs(10));
+    assert_eq!(
+        server.objects().get("late.bin"),
+        Some(&object_of(&[b'b'; 8192])),
+        "the write after the last FLUSH is uploaded before its RELEASE"
+    );
+    let status = s.status();
+    assert_eq!(status["relay"]["counts"]["relay_fsyncs"], 1, "{status:#}");
+    let e = s.stop(Duration::from_secs(15));
+    assert_eq!(e.code, Some(0), "{e}");
+    s.assert_nothing_left();
+}
+
+/// Issue 17.1, the forced end: the daemon notifies while a READ is in flight and then does not
+/// answer that READ for a minute. The stop still ends with an outcome before the sidecar's
+/// SIGKILL: the deadline stops the daemon, the READ is answered EIO, the kernel takes the
+/// notification, and nothing is left behind (no process stuck in the kernel, no mount).
+#[test]
+fn a_notification_behind_a_read_that_never_ends_does_not_outlive_the_deadline() {
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec![
+            "--notify-on-read".into(),
+            "stuck".into(),
+            "--slow-read".into(),
+            "stuck".into(),
+            "--read-delay".into(),
+            "60s".into(),
+        ]),
+        relay(),
+    );
+    fs::write(s.store.join("stuck.bin"), pattern(64 << 10, 5)).unwrap();
+    let p = s.path("stuck.bin");
+    let reader = std::thread::spawn(move || fs::read(&p).map(|_| ()).map_err(|e| errno_name(&e)));
+    wait_until(Duration::from_secs(10), || {
+        s.status()["relay"]["awaiting_daemon"].as_u64() == Some(1)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let e = s.stop(Duration::from_secs(15));
+    assert!(!e.sigkill_sent, "{e}");
+    assert!(e.code.is_some(), "{e}");
+    assert!(
+        reader.join().unwrap().is_err(),
+        "the READ cut off by the deadline fails"
+    );
+    s.assert_nothing_left();
+}

@@ -10,18 +10,33 @@
 //! - **Daemon messages** are received one per datagram, written to the kernel, and then the
 //!   request completes. At EOF (or ECONNRESET) every request still in flight is answered EIO,
 //!   so no caller hangs on a dead daemon.
+//! - **Notifications** (`unique == 0`) go to a queue that a thread of their own writes to the
+//!   kernel: the kernel may hold such a write until a request in flight completes
+//!   (`NOTIFY_INVAL_INODE` waits for the folio a READ holds, `NOTIFY_INVAL_ENTRY` for the
+//!   directory a LOOKUP holds, and an inval of dirty pages sends WRITEs first), and that
+//!   request's reply comes through the pump.
+//! - **The relay's own requests**: a RELEASE of a handle changed since its last successful
+//!   FLUSH/FSYNC is held back while an FSYNC of the relay's own (its own `unique`, see
+//!   [`super::inflight::OWN_UNIQUE_BASE`]) goes to the daemon; its reply goes nowhere, and then
+//!   the RELEASE is forwarded. A daemon that answers OPEN with ENOSYS gets the kernel's OPEN
+//!   answered with a handle of the relay's own (fh 0), so the kernel never enters its no-open
+//!   mode, in which RELEASE never comes and writers would be invisible.
 //! - **Waiting**: both fds are non-blocking. After each message the pump keeps polling both
 //!   (yielding the CPU between polls) for the configured spin time, then blocks in `poll(2)`
-//!   on both. While a send to the daemon waits for room, the daemon's replies keep being
-//!   received and written, so a daemon blocked on its replies and the relay never wait on
-//!   each other.
+//!   on both. While a send to the daemon waits for room (backpressure: no further kernel
+//!   request is read meanwhile, as if the kernel's queue were the daemon's), the daemon's
+//!   replies keep being received and written, so a daemon blocked on its replies and the
+//!   relay never wait on each other. A request is never failed because the daemon is slow:
+//!   only the daemon's answer, its end of the socket closing, or the relay's stop ends it.
 //!
 //! The kernel fd can be `/dev/fuse` or anything that carries one message per read and write
 //! (the unit tests use a SEQPACKET socketpair in its place, as EdenFS's FakeFuse does).
 
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -30,7 +45,7 @@ use nix::sys::socket::{MsgFlags, Shutdown};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use super::inflight::{Admit, Counters, Inflight, accounting_op};
+use super::inflight::{Admit, Counters, Inflight, accounting_op, is_own_unique};
 use super::init::{self, InitCaps};
 use super::proto::{self, InHeader, Opcode, OutHeader};
 use crate::accounting::{Accounting, Outstanding};
@@ -141,6 +156,8 @@ pub struct Relay {
     lost_writes: Mutex<Vec<String>>,
     /// The errno the daemon answered INIT with (0: it did not refuse INIT).
     init_refused: std::sync::atomic::AtomicI32,
+    /// The notifier's queue (dropped when the pump ends, which ends the notifier).
+    notify_tx: Mutex<Option<SyncSender<Vec<u8>>>>,
     on_event: OnEvent,
 }
 
@@ -153,15 +170,17 @@ impl std::fmt::Debug for Relay {
     }
 }
 
-/// The pump thread of a started relay. It ends once both the kernel side and the daemon's
+/// The threads of a started relay. The pump ends once both the kernel side and the daemon's
 /// end are gone; while the kernel side lives it answers late requests (EIO once the daemon is
-/// gone), so it may run until the process exits.
+/// gone), so it may run until the process exits. The notifier ends after the pump.
 pub struct Threads {
     /// The pump.
     pub pump: std::thread::JoinHandle<()>,
+    /// The notifier: writes the daemon's notifications to the kernel.
+    pub notifier: std::thread::JoinHandle<()>,
 }
 
-/// The pump's buffers and which of its two fds are still open.
+/// The pump's buffers, which of its two fds are still open, and the RELEASEs held back.
 struct PumpIo {
     /// One kernel request (the largest the negotiated cap allows).
     kbuf: Vec<u8>,
@@ -169,6 +188,11 @@ struct PumpIo {
     dbuf: Vec<u8>,
     kernel_open: bool,
     daemon_open: bool,
+    /// RELEASE requests waiting for the relay's own FSYNC, by that FSYNC's unique, with
+    /// whether the relay answers the RELEASE itself (a handle it opened).
+    held: HashMap<u64, (Vec<u8>, bool)>,
+    /// RELEASE requests whose FSYNC was answered, to forward (or answer) next.
+    outbox: VecDeque<(Vec<u8>, bool)>,
 }
 
 /// What the pump handled last.
@@ -240,8 +264,9 @@ fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
 /// First and last backoff of a send retried on EAGAIN/ENOBUFS.
 const BACKOFF_START: Duration = Duration::from_millis(1);
 const BACKOFF_MAX: Duration = Duration::from_millis(64);
-/// How long one send may keep retrying before the request is answered EIO.
-const SEND_RETRY_BUDGET: Duration = Duration::from_secs(5);
+/// Notifications queued for the notifier at most; more are dropped (and counted) while the
+/// kernel is not taking them. An invalidation lost costs cache coherence, never data.
+const NOTIFY_QUEUE: usize = 4096;
 
 impl Relay {
     /// Starts the pump thread over `kernel` (the FUSE connection, made non-blocking) and
@@ -261,6 +286,7 @@ impl Relay {
         acct: Arc<Accounting>,
         on_event: impl Fn(EngineEvent) + Send + Sync + 'static,
     ) -> std::io::Result<(Arc<Relay>, Threads)> {
+        let (notify_tx, notify_rx) = std::sync::mpsc::sync_channel(NOTIFY_QUEUE);
         let relay = Arc::new(Relay {
             kernel,
             sock,
@@ -275,13 +301,18 @@ impl Relay {
             init_failed: AtomicBool::new(false),
             lost_writes: Mutex::new(Vec::new()),
             init_refused: std::sync::atomic::AtomicI32::new(0),
+            notify_tx: Mutex::new(Some(notify_tx)),
             on_event: Box::new(on_event),
         });
+        let r = Arc::clone(&relay);
+        let notifier = std::thread::Builder::new()
+            .name("relay-notify".into())
+            .spawn(move || r.notifier(notify_rx))?;
         let r = Arc::clone(&relay);
         let pump = std::thread::Builder::new()
             .name("relay-pump".into())
             .spawn(move || r.pump())?;
-        Ok((relay, Threads { pump }))
+        Ok((relay, Threads { pump, notifier }))
     }
 
     /// The limits in use.
@@ -405,7 +436,10 @@ impl Relay {
         };
         let n = gone.len();
         for (unique, mut p) in gone {
-            let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+            // The relay's own FSYNC has no caller to answer.
+            if !is_own_unique(unique) {
+                let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+            }
             p.fail();
         }
         n
@@ -467,6 +501,8 @@ impl Relay {
             dbuf: vec![0u8; self.limits.daemon_recv_buffer],
             kernel_open: true,
             daemon_open: true,
+            held: HashMap::new(),
+            outbox: VecDeque::new(),
         };
         if let Err(e) = set_nonblocking(&self.kernel) {
             tracing::error!(error = %e, "relay: cannot make the FUSE connection non-blocking");
@@ -484,6 +520,11 @@ impl Relay {
                     break;
                 }
                 last = Some(Handled::Reply);
+            }
+            // RELEASEs whose FSYNC was answered, before any new kernel request.
+            while let Some((msg, local)) = io.outbox.pop_front() {
+                self.release_held(&msg, local, &mut io);
+                last = Some(Handled::Request);
             }
             if io.kernel_open && self.read_one(&mut io) {
                 last = Some(Handled::Request);
@@ -507,6 +548,65 @@ impl Relay {
             spinning = false;
             self.wait_readable(&io);
             last_activity = Instant::now();
+        }
+        // Ends the notifier once it has written what is queued.
+        self.notify_tx.lock().take();
+    }
+
+    /// The notifier thread: writes each queued notification to the kernel, in the daemon's
+    /// order. The kernel may block such a write until a request in flight completes, which
+    /// the pump keeps relaying meanwhile.
+    fn notifier(self: Arc<Self>, rx: Receiver<Vec<u8>>) {
+        while let Ok(msg) = rx.recv() {
+            let code = OutHeader::parse(&msg).map_or(0, |h| h.error);
+            let r = self.write_raw(&msg);
+            let mut s = self.state.lock();
+            s.counters.notifications += 1;
+            if let Err(e) = r {
+                s.counters.notification_errors += 1;
+                drop(s);
+                // ENOENT is the ordinary answer to invalidating something the kernel does not
+                // cache; other errnos mean the daemon sent something the kernel refused.
+                if e == Errno::ENOENT {
+                    tracing::debug!(code, error = %e, "relay: the kernel rejected a notification");
+                } else {
+                    tracing::warn!(code, error = %e, "relay: the kernel rejected a notification");
+                }
+            }
+        }
+    }
+
+    /// Queues a notification for the notifier (dropped, and counted, when the queue is full or
+    /// the notifier is gone).
+    fn queue_notification(&self, msg: &[u8]) {
+        let r = match self.notify_tx.lock().as_ref() {
+            Some(tx) => tx.try_send(msg.to_vec()),
+            None => Err(TrySendError::Disconnected(Vec::new())),
+        };
+        if r.is_err() {
+            let n = {
+                let mut s = self.state.lock();
+                s.counters.notifications_dropped += 1;
+                s.counters.notifications_dropped
+            };
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    dropped = n,
+                    "relay: the kernel is not taking notifications; dropped one"
+                );
+            }
+        }
+    }
+
+    /// Forwards (or, for a handle the relay opened itself, answers) a RELEASE whose FSYNC of
+    /// the relay's own has been answered.
+    fn release_held(&self, msg: &[u8], local: bool, io: &mut PumpIo) {
+        let Ok(h) = InHeader::parse(msg) else { return };
+        if local {
+            let r = self.write_kernel(&proto::error_reply(h.unique, 0));
+            self.finish(h.unique, r);
+        } else {
+            self.forward(&h, msg, io);
         }
     }
 
@@ -590,7 +690,9 @@ impl Relay {
                 return true;
             }
             Ok(n) => {
-                self.on_reply(&io.dbuf[..n]);
+                let dbuf = std::mem::take(&mut io.dbuf);
+                self.on_reply(&dbuf[..n], io);
+                io.dbuf = dbuf;
                 return true;
             }
             Err(Errno::EAGAIN | Errno::EINTR) => return false,
@@ -694,6 +796,27 @@ impl Relay {
                 );
                 let _ = self.write_kernel(&proto::error_reply(h.unique, errno));
             }
+            Admit::SyncFirst {
+                fsync_unique,
+                fh,
+                local_release,
+            } => {
+                tracing::debug!(
+                    unique = h.unique,
+                    nodeid = h.nodeid,
+                    fh,
+                    "relay: RELEASE of a handle changed since its last FLUSH: FSYNC first"
+                );
+                io.held.insert(fsync_unique, (msg.to_vec(), local_release));
+                let fsync = proto::fsync_request(fsync_unique, h.nodeid, fh);
+                if self.send(&fsync, io).is_err() {
+                    // Counted as a failed flush when taken; the RELEASE goes on.
+                    drop(self.state.lock().take(fsync_unique));
+                    if let Some(held) = io.held.remove(&fsync_unique) {
+                        io.outbox.push_back(held);
+                    }
+                }
+            }
             Admit::Drop => {}
         }
     }
@@ -742,19 +865,16 @@ impl Relay {
     /// (EAGAIN/ENOBUFS) the daemon's replies keep being received and written to the kernel
     /// (a daemon blocked on sending its replies then gets room to read again), and the send is
     /// retried when the socket polls writable or after a backoff of 1 ms doubling to 64 ms, for
-    /// at most 5 s. EPIPE when the daemon's end closes meanwhile.
+    /// as long as it takes: a slow daemon is waited for, as the kernel's own queue would wait.
+    /// EPIPE when the daemon's end closes meanwhile, or once the relay has stopped (SHUT_WR).
     fn send(&self, msg: &[u8], io: &mut PumpIo) -> Result<(), Errno> {
         let mut backoff = BACKOFF_START;
-        let started = Instant::now();
         loop {
             let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
             match nix::sys::socket::send(self.sock.as_raw_fd(), msg, flags) {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => continue,
-                Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) => {
-                    if started.elapsed() >= SEND_RETRY_BUDGET {
-                        return Err(e);
-                    }
+                Err(Errno::EAGAIN | Errno::ENOBUFS) => {
                     let (readable, writable) = self.wait_socket(backoff);
                     if readable {
                         while io.daemon_open && self.recv_one(io) {}
@@ -784,7 +904,7 @@ impl Relay {
         }
     }
 
-    fn on_reply(&self, msg: &[u8]) {
+    fn on_reply(&self, msg: &[u8], io: &mut PumpIo) {
         let h = match OutHeader::parse(msg) {
             Ok(h) => h,
             Err(e) => {
@@ -795,20 +915,7 @@ impl Relay {
             }
         };
         if h.unique == 0 {
-            let r = self.write_raw(msg);
-            let mut s = self.state.lock();
-            s.counters.notifications += 1;
-            if let Err(e) = r {
-                s.counters.notification_errors += 1;
-                drop(s);
-                // ENOENT is the ordinary answer to invalidating something the kernel does not
-                // cache; other errnos mean the daemon sent something the kernel refused.
-                if e == Errno::ENOENT {
-                    tracing::debug!(code = h.error, error = %e, "relay: the kernel rejected a notification");
-                } else {
-                    tracing::warn!(code = h.error, error = %e, "relay: the kernel rejected a notification");
-                }
-            }
+            self.queue_notification(msg);
             return;
         }
         if h.unique & proto::INT_REQ_BIT != 0 {
@@ -828,10 +935,32 @@ impl Relay {
             self.answer_malformed(msg);
             return;
         }
+        if is_own_unique(h.unique) {
+            // The relay's own FSYNC: its reply goes nowhere; the RELEASE it held goes on.
+            {
+                let mut s = self.state.lock();
+                if s.on_reply(h.unique, h.error, OutHeader::body(msg))
+                    .is_some()
+                {
+                    s.counters.replies += 1;
+                }
+                s.complete(h.unique);
+            }
+            if let Some(held) = io.held.remove(&h.unique) {
+                io.outbox.push_back(held);
+            }
+            return;
+        }
         let pending = self
             .state
             .lock()
             .on_reply(h.unique, h.error, OutHeader::body(msg));
+        if pending == Some(Opcode::Open) && h.error == -libc::ENOSYS {
+            // Inflight counted a handle of the relay's own (fh 0) for it.
+            let r = self.write_kernel(&proto::open_reply(h.unique, 0));
+            self.finish(h.unique, r);
+            return;
+        }
         let mut owned;
         let mut out = msg;
         if pending == Some(Opcode::Init) {
@@ -855,6 +984,7 @@ impl Relay {
                     daemon_max_write = caps.daemon_max_write,
                     max_write = caps.max_write,
                     max_pages = caps.max_pages,
+                    daemon_flags = format_args!("{:#x}", caps.daemon_flags),
                     cap,
                     "relay: INIT negotiated"
                 );

@@ -83,16 +83,30 @@ pub fn accounting_op(op: Opcode) -> Op {
 struct OpenHandle {
     _guard: HandleGuard,
     nodeid: u64,
-    /// Changes admitted (WRITE, FALLOCATE, ...; 1 for a CREATE or an O_TRUNC open).
+    /// Changes admitted (WRITE, FALLOCATE, ...), plus 1 for the open itself when it is open
+    /// for writing: the kernel may change the file without a WRITE the relay sees (a dirty
+    /// `MAP_SHARED` page, the writeback cache), so only a successful FLUSH/FSYNC after the
+    /// open makes it synced.
     changes: u64,
     /// Changes a successful FLUSH/FSYNC covered.
     synced: u64,
+    /// Changes a FLUSH/FSYNC covered, whatever its result (a failed one is a failed flush
+    /// already, and the caller got its error).
+    attempted: u64,
+    /// The daemon answered its OPEN with ENOSYS and the relay answered the kernel with this
+    /// handle itself (fh 0): the daemon never sees its RELEASE.
+    synthetic: bool,
 }
 
 impl OpenHandle {
     /// Changed since its last successful FLUSH/FSYNC.
     fn unsynced(&self) -> bool {
         self.changes > self.synced
+    }
+
+    /// Changed since its last FLUSH/FSYNC, successful or not: its RELEASE needs an FSYNC first.
+    fn needs_sync(&self) -> bool {
+        self.changes > self.synced.max(self.attempted)
     }
 }
 
@@ -103,8 +117,6 @@ pub struct Pending {
     pub opcode: Opcode,
     /// For OPEN/CREATE/TMPFILE/OPENDIR: the kind of handle a successful reply creates.
     pub opens: Option<HandleMode>,
-    /// The handle it creates starts unsynced (CREATE, TMPFILE, or OPEN with O_TRUNC).
-    opens_dirty: bool,
     /// FLUSH, FSYNC: the handle it syncs and the changes admitted before it.
     syncs: Option<(u64, u64)>,
     /// The request's nodeid.
@@ -134,6 +146,28 @@ pub enum Admit {
     Reply(i32),
     /// Neither forward nor answer (a FORGET or INTERRUPT once the daemon is gone or stopping).
     Drop,
+    /// A RELEASE of a handle changed since its last successful FLUSH/FSYNC: send the daemon
+    /// an FSYNC of the relay's own (`fsync_unique`, of `fh`, already in flight) first, and
+    /// only once it is answered the RELEASE (recorded in flight); with `local_release`
+    /// (a handle the relay opened itself) answer the RELEASE here instead of forwarding it.
+    SyncFirst {
+        /// The relay's own unique for the FSYNC ([`is_own_unique`]).
+        fsync_unique: u64,
+        /// The handle to sync.
+        fh: u64,
+        /// Answer the RELEASE with success here instead of forwarding it.
+        local_release: bool,
+    },
+}
+
+/// The relay's own requests (the FSYNC before a RELEASE) use uniques from here up, in steps
+/// of 2 (bit 0 is the kernel's interrupt bit): the kernel's counter starts at 0 and never
+/// gets near 2^63.
+pub const OWN_UNIQUE_BASE: u64 = 1 << 63;
+
+/// Whether `unique` belongs to a request the relay sent itself (its reply goes nowhere).
+pub fn is_own_unique(unique: u64) -> bool {
+    unique >= OWN_UNIQUE_BASE
 }
 
 /// Counters over the relay's life (relay-specific; request counts, durations and handles are
@@ -161,6 +195,14 @@ pub struct Counters {
     pub interrupt_replies: u64,
     /// FORGET and BATCH_FORGET messages forwarded (no reply expected, never in flight).
     pub forgets: u64,
+    /// Notifications dropped because the notifier's queue was full (the kernel was not
+    /// taking them).
+    pub notifications_dropped: u64,
+    /// FSYNCs the relay sent itself before forwarding a RELEASE (changes no FLUSH covered).
+    pub relay_fsyncs: u64,
+    /// OPENs the daemon answered ENOSYS that the relay answered with a handle of its own
+    /// (the kernel stays out of its no-open mode, so RELEASE still comes).
+    pub opens_answered: u64,
     /// Malformed messages (a header whose length does not match the bytes read).
     pub protocol_errors: u64,
     /// Replies for a `unique` the relay had no record of.
@@ -181,6 +223,10 @@ pub struct Inflight {
     failed_flushes: Vec<String>,
     stopping: bool,
     daemon_gone: bool,
+    /// The daemon answered an FSYNC ENOSYS: it has none, the relay sends none of its own.
+    no_fsync: bool,
+    /// The next of the relay's own uniques.
+    next_own: u64,
     /// Counters.
     pub counters: Counters,
 }
@@ -196,6 +242,8 @@ impl Inflight {
             failed_flushes: Vec::new(),
             stopping: false,
             daemon_gone: false,
+            no_fsync: false,
+            next_own: OWN_UNIQUE_BASE,
             counters: Counters::default(),
         }
     }
@@ -213,8 +261,9 @@ impl Inflight {
     ) -> Admit {
         // Decided before RELEASE drops its handle.
         let flushes_write = self.flushes_write(h.opcode, body);
+        let mut released = None;
         match h.opcode {
-            Opcode::Release | Opcode::Releasedir => self.remove_handle(h.opcode, body),
+            Opcode::Release | Opcode::Releasedir => released = self.remove_handle(h.opcode, body),
             // fuse_forget_in: nlookup.
             Opcode::Forget => {
                 if let Some(n) = proto::u64_at(body, 0) {
@@ -255,6 +304,26 @@ impl Inflight {
             self.counters.door_refused += 1;
             return Admit::Reply(libc::ESHUTDOWN);
         }
+        // A RELEASE of a handle with changes no FLUSH/FSYNC covered (a write through a
+        // mapping after the last close, then munmap: WRITE then RELEASE, no FLUSH) gets an
+        // FSYNC of the relay's own first: a daemon that uploads only at FLUSH/FSYNC, as
+        // gcsfuse does, would otherwise drop the change.
+        let mut sync_first = None;
+        if h.opcode == Opcode::Release
+            && let Some((HandleMode::Write, oh)) = &released
+        {
+            let fh = proto::release_fh(body).unwrap_or(0);
+            if oh.needs_sync() && !self.no_fsync {
+                sync_first = Some((fh, oh.synthetic));
+            }
+        }
+        // A handle the relay opened itself: the daemon never saw it, nothing to forward.
+        if h.opcode == Opcode::Release
+            && sync_first.is_none()
+            && released.as_ref().is_some_and(|(_, oh)| oh.synthetic)
+        {
+            return Admit::Reply(0);
+        }
         if let Some(fh) = proto::written_fh(h.opcode, body) {
             for oh in self
                 .handles
@@ -265,9 +334,6 @@ impl Inflight {
                 oh.changes += 1;
             }
         }
-        let opens_dirty = matches!(h.opcode, Opcode::Create | Opcode::Tmpfile)
-            || (h.opcode == Opcode::Open
-                && proto::open_flags(body).is_some_and(|f| f as i32 & libc::O_TRUNC != 0));
         let syncs = match h.opcode {
             // fuse_flush_in and fuse_fsync_in start with fh.
             Opcode::Flush | Opcode::Fsync => proto::u64_at(body, 0).map(|fh| {
@@ -300,7 +366,6 @@ impl Inflight {
             Pending {
                 opcode: h.opcode,
                 opens,
-                opens_dirty,
                 syncs,
                 nodeid: h.nodeid,
                 names: proto::name_op(h.opcode, h.nodeid, body),
@@ -314,6 +379,28 @@ impl Inflight {
             self.acct.bytes_written.fetch_add(u64::from(n), Relaxed);
         }
         self.counters.forwarded += 1;
+        if let Some((fh, local_release)) = sync_first {
+            let fsync_unique = self.next_own;
+            self.next_own = self.next_own.wrapping_add(2).max(OWN_UNIQUE_BASE);
+            self.pending.insert(
+                fsync_unique,
+                Pending {
+                    opcode: Opcode::Fsync,
+                    opens: None,
+                    syncs: None,
+                    nodeid: h.nodeid,
+                    names: None,
+                    started: Some(Instant::now()),
+                    guard: self.acct.op_owned(Op::Fsync),
+                },
+            );
+            self.counters.relay_fsyncs += 1;
+            return Admit::SyncFirst {
+                fsync_unique,
+                fh,
+                local_release,
+            };
+        }
         Admit::Forward
     }
 
@@ -333,10 +420,9 @@ impl Inflight {
         }
     }
 
-    fn remove_handle(&mut self, opcode: Opcode, body: &[u8]) {
-        let Some(fh) = proto::release_fh(body) else {
-            return;
-        };
+    /// Removes the handle a RELEASE/RELEASEDIR names; returns it with its mode.
+    fn remove_handle(&mut self, opcode: Opcode, body: &[u8]) -> Option<(HandleMode, OpenHandle)> {
+        let fh = proto::release_fh(body)?;
         // fuse_release_in: fh, then the flags the file was opened with.
         let flags = proto::u32_at(body, 8).unwrap_or(0);
         let modes: &[HandleMode] = if opcode == Opcode::Releasedir {
@@ -348,13 +434,14 @@ impl Inflight {
         };
         for mode in modes {
             if let Some(v) = self.handles.get_mut(&(*mode, fh)) {
-                v.pop();
+                let oh = v.pop();
                 if v.is_empty() {
                     self.handles.remove(&(*mode, fh));
                 }
-                return;
+                return oh.map(|oh| (*mode, oh));
             }
         }
+        None
     }
 
     /// Looks at a daemon reply before it is written to the kernel: returns the opcode of the
@@ -373,9 +460,41 @@ impl Inflight {
         {
             self.acct.lower_flush_duration.observe(t0.elapsed());
         }
+        if p.opcode == Opcode::Open && error == -libc::ENOSYS {
+            // The engine answers the kernel's OPEN with a handle of its own (fh 0, what the
+            // kernel would use in its no-open mode), so the kernel keeps sending RELEASE and
+            // a writer keeps counting.
+            if let Some(mode) = p.opens {
+                let oh = OpenHandle {
+                    _guard: self.acct.handle(mode),
+                    nodeid: p.nodeid,
+                    changes: u64::from(mode == HandleMode::Write),
+                    synced: 0,
+                    attempted: 0,
+                    synthetic: true,
+                };
+                self.handles.entry((mode, 0)).or_default().push(oh);
+            }
+            self.counters.opens_answered += 1;
+            return Some(Opcode::Open);
+        }
         if error != 0 {
             p.fail();
             let (opcode, nodeid, flushing) = (p.opcode, p.nodeid, p.started.is_some());
+            // ENOSYS: the kernel stops sending that request; it attempted nothing.
+            if let Some((fh, changes)) = p.syncs.filter(|_| error != -libc::ENOSYS) {
+                for oh in self
+                    .handles
+                    .get_mut(&(HandleMode::Write, fh))
+                    .into_iter()
+                    .flatten()
+                {
+                    oh.attempted = oh.attempted.max(changes.min(oh.changes));
+                }
+            }
+            if opcode == Opcode::Fsync && error == -libc::ENOSYS && is_own_unique(unique) {
+                self.no_fsync = true;
+            }
             // ENOSYS: the daemon has no FLUSH/FSYNC (the kernel then stops sending it);
             // nothing failed.
             if flushing && error != -libc::ENOSYS {
@@ -425,8 +544,10 @@ impl Inflight {
             let oh = OpenHandle {
                 _guard: self.acct.handle(mode),
                 nodeid,
-                changes: u64::from(mode == HandleMode::Write && p.opens_dirty),
+                changes: u64::from(mode == HandleMode::Write),
                 synced: 0,
+                attempted: 0,
+                synthetic: false,
             };
             self.handles.entry((mode, fh)).or_default().push(oh);
         }
@@ -677,13 +798,22 @@ mod tests {
             (0, 1, 1, 1)
         );
         assert!(!o.is_idle());
-        // RELEASE (a request) removes the write handle at once, before its reply.
-        assert_eq!(
-            t.admit(18, 10, &release_in(0, libc::O_WRONLY)),
-            Admit::Forward
-        );
+        // RELEASE (a request) removes the write handle at once, before its reply. The handle
+        // was opened for writing and never flushed: the relay's own FSYNC goes first, in
+        // flight as well.
+        let Admit::SyncFirst {
+            fsync_unique,
+            fh: 0,
+            local_release: false,
+        } = t.admit(18, 10, &release_in(0, libc::O_WRONLY))
+        else {
+            panic!("an unflushed write handle's RELEASE syncs first");
+        };
+        assert!(is_own_unique(fsync_unique) && fsync_unique & 1 == 0);
         let o = t.out();
-        assert_eq!((o.in_flight, o.open_write, o.open_read), (1, 0, 1));
+        assert_eq!((o.in_flight, o.open_write, o.open_read), (2, 0, 1));
+        assert_eq!(t.s.on_reply(fsync_unique, 0, &[]), Some(Opcode::Fsync));
+        t.s.complete(fsync_unique);
         t.s.complete(10);
         t.admit(29, 12, &release_in(0, 0));
         t.s.complete(12);
@@ -801,10 +931,15 @@ mod tests {
             b
         };
         let names = |t: &T| t.s.unsynced_paths().len();
-        // Opened for writing without O_TRUNC: nothing to sync yet.
+        // Opened for writing: unsynced until a FLUSH/FSYNC succeeds, even with no WRITE seen
+        // (a MAP_SHARED page or the writeback cache changes the file without one).
         assert_eq!(t.admit(14, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
         t.s.on_reply(2, 0, &open_out(7));
         t.s.complete(2);
+        assert_eq!(names(&t), 1);
+        t.admit(25, 3, &fh_in(7, 24));
+        t.s.on_reply(3, 0, &[]);
+        t.s.complete(3);
         assert_eq!(names(&t), 0);
         // A WRITE: unsynced until a FLUSH admitted after it succeeds.
         t.admit(16, 4, &fh_in(7, 40));
@@ -833,5 +968,55 @@ mod tests {
         create_out.extend_from_slice(&open_out(8));
         t.s.on_reply(14, 0, &create_out);
         assert_eq!(t.s.unsynced_paths(), vec!["n".to_string()]);
+    }
+
+    #[test]
+    fn release_syncs_first_only_changes_no_flush_attempt_covered() {
+        let mut t = T::new();
+        let fh_in = |fh: u64, len: usize| {
+            let mut b = fh.to_le_bytes().to_vec();
+            b.resize(len, 0);
+            b
+        };
+        // A failed FLUSH (the caller got its error, a failed flush is recorded): RELEASE is
+        // forwarded as it is, and the file still counts as unsynced.
+        t.admit(14, 2, &open_in(libc::O_WRONLY));
+        t.s.on_reply(2, 0, &open_out(7));
+        t.s.complete(2);
+        t.admit(25, 4, &fh_in(7, 24));
+        t.s.on_reply(4, -libc::EIO, &[]);
+        t.s.complete(4);
+        assert_eq!(t.s.unsynced_paths().len(), 1);
+        assert_eq!(
+            t.admit(18, 6, &release_in(7, libc::O_WRONLY)),
+            Admit::Forward
+        );
+        t.s.complete(6);
+        // A FLUSH answered ENOSYS attempted nothing: RELEASE syncs first, and an FSYNC answered
+        // ENOSYS stops the relay's own FSYNCs.
+        t.admit(14, 8, &open_in(libc::O_WRONLY));
+        t.s.on_reply(8, 0, &open_out(9));
+        t.s.complete(8);
+        t.admit(25, 10, &fh_in(9, 24));
+        t.s.on_reply(10, -libc::ENOSYS, &[]);
+        t.s.complete(10);
+        let Admit::SyncFirst { fsync_unique, .. } = t.admit(18, 12, &release_in(9, libc::O_WRONLY))
+        else {
+            panic!("no FSYNC before the RELEASE");
+        };
+        t.s.on_reply(fsync_unique, -libc::ENOSYS, &[]);
+        t.s.complete(fsync_unique);
+        t.s.complete(12);
+        assert!(
+            t.s.failed_flushes().len() == 1,
+            "ENOSYS is not a failed flush"
+        );
+        t.admit(14, 14, &open_in(libc::O_WRONLY));
+        t.s.on_reply(14, 0, &open_out(11));
+        t.s.complete(14);
+        assert_eq!(
+            t.admit(18, 16, &release_in(11, libc::O_WRONLY)),
+            Admit::Forward
+        );
     }
 }

@@ -97,6 +97,10 @@ pub struct InitCaps {
     pub max_pages: u32,
     /// The payload cap the socket buffers allow.
     pub cap: u32,
+    /// The daemon's INIT reply flags as it sent them (`flags`, and `flags2` in the high 32
+    /// bits with `FUSE_INIT_EXT`): e.g. bit 16 `FUSE_WRITEBACK_CACHE`, bit 17
+    /// `FUSE_NO_OPEN_SUPPORT`.
+    pub daemon_flags: u64,
 }
 
 /// Caps `max_write` and `max_pages` of a successful INIT reply (header included) at `cap`,
@@ -113,6 +117,12 @@ pub fn rewrite_init_reply(msg: &mut Vec<u8>, cap: u32) -> Option<InitCaps> {
     let b = OUT_HEADER_LEN;
     let minor = u32_at(msg, b + OUT_MINOR).unwrap_or(0);
     let mut flags = u32_at(msg, b + OUT_FLAGS).unwrap_or(0);
+    let daemon_flags = u64::from(flags)
+        | if flags & FUSE_INIT_EXT != 0 {
+            u64::from(u32_at(msg, b + OUT_FLAGS2).unwrap_or(0)) << 32
+        } else {
+            0
+        };
     let daemon_max_write = u32_at(msg, b + OUT_MAX_WRITE).unwrap_or(0);
     let max_write = daemon_max_write.min(cap);
     if u32_at(msg, b + OUT_MAX_WRITE).is_some() {
@@ -146,6 +156,7 @@ pub fn rewrite_init_reply(msg: &mut Vec<u8>, cap: u32) -> Option<InitCaps> {
         max_write,
         max_pages,
         cap,
+        daemon_flags,
     })
 }
 
@@ -250,7 +261,8 @@ mod tests {
                 daemon_max_write: 1 << 20,
                 max_write: 128 * 1024,
                 max_pages: 32,
-                cap: 128 * 1024
+                cap: 128 * 1024,
+                daemon_flags: u64::from(FUSE_MAX_PAGES | (1 << 5)),
             }
         );
         assert_eq!(u32_at(&m, 16 + OUT_MAX_WRITE), Some(128 * 1024));

@@ -448,6 +448,28 @@ pub fn error_reply(unique: u64, errno: i32) -> [u8; OUT_HEADER_LEN] {
     b
 }
 
+/// An FSYNC request of the relay's own (`fuse_in_header` with uid, gid and pid 0, then
+/// `fuse_fsync_in { fh, fsync_flags: 0 (a full fsync), padding }`): 56 bytes.
+pub fn fsync_request(unique: u64, nodeid: u64, fh: u64) -> Vec<u8> {
+    let mut m = vec![0u8; IN_HEADER_LEN + 16];
+    put_u32(&mut m, 0, (IN_HEADER_LEN + 16) as u32);
+    put_u32(&mut m, 4, 20);
+    m[8..16].copy_from_slice(&unique.to_le_bytes());
+    m[16..24].copy_from_slice(&nodeid.to_le_bytes());
+    m[IN_HEADER_LEN..IN_HEADER_LEN + 8].copy_from_slice(&fh.to_le_bytes());
+    m
+}
+
+/// A successful OPEN reply: `fuse_out_header`, then `fuse_open_out { fh, open_flags: 0,
+/// backing_id: 0 }`: 32 bytes.
+pub fn open_reply(unique: u64, fh: u64) -> [u8; OUT_HEADER_LEN + 16] {
+    let mut b = [0u8; OUT_HEADER_LEN + 16];
+    put_u32(&mut b, 0, (OUT_HEADER_LEN + 16) as u32);
+    b[8..16].copy_from_slice(&unique.to_le_bytes());
+    b[OUT_HEADER_LEN..OUT_HEADER_LEN + 8].copy_from_slice(&fh.to_le_bytes());
+    b
+}
+
 /// The `flags` (O_RDONLY/O_WRONLY/O_RDWR and friends) of an OPEN or CREATE request body
 /// (`fuse_open_in.flags` / `fuse_create_in.flags`, both at offset 0); `None` if too short.
 pub fn open_flags(body: &[u8]) -> Option<u32> {

@@ -35,6 +35,12 @@
 //!   `default_permissions`, and readiness is announced with gcsfuse's stdout line
 //!   `File system has been successfully mounted.`
 //!
+//! - **Daemon-side edges for the relay's tests**: `--notify-on-read SUBSTR` and
+//!   `--notify-on-lookup SUBSTR` send `NOTIFY_INVAL_INODE` / `NOTIFY_INVAL_ENTRY` from a
+//!   thread of their own while the READ / LOOKUP that prompted them is still pending (answered
+//!   `--notify-lead` later), as jacobsa/fuse daemons do from their notifier goroutine;
+//!   `--open-enosys` answers OPEN with ENOSYS (the kernel's no-open mode).
+//!
 //! With `--events FILE` every interesting moment (mount, upload start/done/failure, signal,
 //! unmount, exit) is appended to `FILE` as one JSON object per line, for tests to assert
 //! on; see `fuse_tests::bucket` for a reader.
@@ -106,6 +112,10 @@ struct Args {
     #[arg(long, value_name = "DUR", default_value = "0s", value_parser = humantime::parse_duration)]
     upload_delay: Duration,
 
+    /// Apply `--upload-delay` only to keys containing SUBSTR (default: every key).
+    #[arg(long, value_name = "SUBSTR")]
+    slow_upload: Option<String>,
+
     /// Uploads of keys containing SUBSTR fail: FLUSH/FSYNC answer EIO, nothing is published.
     #[arg(long, value_name = "SUBSTR")]
     fail_upload: Option<String>,
@@ -137,6 +147,27 @@ struct Args {
     /// Append one JSON object per line to FILE for every mount, upload, signal and exit.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+
+    /// Reads of keys containing SUBSTR: another thread sends NOTIFY_INVAL_INODE for the
+    /// inode (all its pages), and the READ is answered `--notify-lead` later, while the
+    /// notification may be waiting for the folio that READ holds.
+    #[arg(long, value_name = "SUBSTR")]
+    notify_on_read: Option<String>,
+
+    /// LOOKUPs of names containing SUBSTR: another thread sends NOTIFY_INVAL_ENTRY for the
+    /// name, and the LOOKUP is answered `--notify-lead` later, while the notification may be
+    /// waiting for the directory that LOOKUP holds.
+    #[arg(long, value_name = "SUBSTR")]
+    notify_on_lookup: Option<String>,
+
+    /// How long a READ or LOOKUP that sent a notification waits before it is answered.
+    #[arg(long, value_name = "DUR", default_value = "300ms", value_parser = humantime::parse_duration)]
+    notify_lead: Duration,
+
+    /// Answer OPEN with ENOSYS: the kernel then stops sending OPEN and RELEASE for files (its
+    /// no-open mode), as some daemons choose.
+    #[arg(long)]
+    open_enosys: bool,
 
     /// Number of FUSE worker threads (each with its own cloned /dev/fuse fd).
     #[arg(long, value_name = "N", default_value_t = 4,
@@ -199,6 +230,8 @@ impl Events {
 struct UploadPolicy {
     /// Sleep before each upload publishes.
     delay: Duration,
+    /// Only keys containing this are delayed (`None`: every key).
+    slow_upload: Option<String>,
     /// Keys containing this fail to upload.
     fail: Option<String>,
     /// Keys containing this hang forever.
@@ -337,6 +370,23 @@ struct BucketFs {
     next_tmp: AtomicU64,
     /// `--refuse-init`.
     refuse_init: bool,
+    /// `--notify-on-read`, `--notify-on-lookup`, `--notify-lead`.
+    notify: NotifyPolicy,
+    /// The session's notifier, once the session exists.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// `--open-enosys`.
+    open_enosys: bool,
+}
+
+/// Which requests send a notification first, and how long they then wait to be answered.
+#[derive(Debug, Clone, Default)]
+struct NotifyPolicy {
+    /// READs of keys containing this send NOTIFY_INVAL_INODE.
+    read: Option<String>,
+    /// LOOKUPs of names containing this send NOTIFY_INVAL_ENTRY.
+    lookup: Option<String>,
+    /// The wait before the request is answered.
+    lead: Duration,
 }
 
 /// Converts an I/O error to the errno the kernel should see.
@@ -470,7 +520,35 @@ impl BucketFs {
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
             refuse_init: false,
+            notify: NotifyPolicy::default(),
+            notifier: Arc::new(std::sync::OnceLock::new()),
+            open_enosys: false,
         }
+    }
+
+    /// Sends a notification from a thread of its own (logging `notify_sent` with its result
+    /// once the kernel took it), then waits `--notify-lead` so that it reaches the connection
+    /// before the reply of the request that prompted it.
+    fn notify_then_wait(
+        &self,
+        what: &'static str,
+        key: String,
+        send: impl FnOnce(&fuser::Notifier) -> io::Result<()> + Send + 'static,
+    ) {
+        let Some(n) = self.notifier.get().cloned() else {
+            return;
+        };
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            let r = send(&n);
+            events.log(json!({
+                "event": "notify_sent",
+                "kind": what,
+                "key": key,
+                "error": r.err().map(|e| e.to_string()),
+            }));
+        });
+        std::thread::sleep(self.notify.lead);
     }
 
     /// Path of `key` inside the bucket directory.
@@ -647,7 +725,13 @@ impl BucketFs {
         };
         self.events
             .log(json!({"event": "upload_start", "key": key}));
-        if !self.policy.delay.is_zero() {
+        if !self.policy.delay.is_zero()
+            && self
+                .policy
+                .slow_upload
+                .as_ref()
+                .is_none_or(|s| key.contains(s.as_str()))
+        {
             std::thread::sleep(self.policy.delay);
         }
         if self.policy.hang.as_ref().is_some_and(|s| key.contains(s)) {
@@ -823,6 +907,14 @@ impl Filesystem for BucketFs {
                 return Err(Errno::ENOENT);
             }
             let key = self.child_key(parent, name)?;
+            if let Some(sub) = &self.notify.lookup
+                && key.contains(sub.as_str())
+            {
+                let name = name.to_owned();
+                self.notify_then_wait("inval_entry", key.clone(), move |n| {
+                    n.inval_entry(parent, &name)
+                });
+            }
             self.resolve(&key)
         })();
         match result {
@@ -1007,6 +1099,10 @@ impl Filesystem for BucketFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.open_enosys {
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         let result = (|| {
             let node = self.node(ino)?;
             if node.kind == FileType::Directory {
@@ -1113,6 +1209,12 @@ impl Filesystem for BucketFs {
     ) {
         let result = (|| {
             let node = self.node(ino)?;
+            if let Some(sub) = &self.notify.read {
+                let key = node.state.lock().key.clone();
+                if key.contains(sub.as_str()) {
+                    self.notify_then_wait("inval_inode", key, move |n| n.inval_inode(ino, 0, 0));
+                }
+            }
             if let Some(slow) = &self.policy.slow_read {
                 let key = node.state.lock().key.clone();
                 if key.contains(slow.as_str()) {
@@ -1572,6 +1674,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
 
     let policy = UploadPolicy {
         delay: args.upload_delay,
+        slow_upload: args.slow_upload.clone(),
         fail: args.fail_upload.clone(),
         hang: args.hang_upload.clone(),
         slow_read: args.slow_read.clone(),
@@ -1579,6 +1682,13 @@ fn run(args: Args) -> Result<ExitCode, String> {
     };
     let mut fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
     fs.refuse_init = args.refuse_init;
+    fs.open_enosys = args.open_enosys;
+    fs.notify = NotifyPolicy {
+        read: args.notify_on_read.clone(),
+        lookup: args.notify_on_lookup.clone(),
+        lead: args.notify_lead,
+    };
+    let notifier = fs.notifier.clone();
     let mut config = Config::default();
     config.acl = SessionACL::All;
     config.n_threads = Some(usize::from(args.threads));
@@ -1600,6 +1710,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
         (None, None) => unreachable!("a mountpoint is resolved whenever there is no fd"),
     };
 
+    let _ = notifier.set(session.notifier());
     events.log(json!({"event": "mounted"}));
     {
         let mut out = io::stdout().lock();

@@ -232,25 +232,30 @@ fn in_flight_counts_and_handles() {
     recv(&h.kernel);
     let o = h.wait_outstanding(|o| o.in_flight == 0);
     assert_eq!(o.open_write, 1);
-    send(&h.kernel, &request(25, 4, 7, &[0; 24]));
-    send(&h.kernel, &request(20, 6, 7, &[0; 16]));
+    let mut flush = 9u64.to_le_bytes().to_vec();
+    flush.extend_from_slice(&[0; 16]);
+    send(&h.kernel, &request(25, 4, 7, &flush));
+    send(&h.kernel, &request(20, 6, 7, &flush[..16]));
     recv(h.d());
     recv(h.d());
     let o = h.relay.outstanding();
     assert_eq!(o.in_flight, 2);
     assert_eq!(h.relay.in_flight(), 2);
     assert!(!o.is_idle());
-    // RELEASE removes the handle at the request.
+    for u in [4, 6] {
+        send(h.d(), &reply(u, 0, &[]));
+        recv(&h.kernel);
+    }
+    // RELEASE removes the handle at the request; the FLUSH covered the open, so it goes
+    // straight to the daemon.
     let mut rel = 9u64.to_le_bytes().to_vec();
     rel.extend_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
     rel.extend_from_slice(&[0; 12]);
     send(&h.kernel, &request(18, 8, 7, &rel));
-    recv(h.d());
+    assert_eq!(unique_of(&recv(h.d())), 8);
     assert_eq!(h.relay.outstanding().open_write, 0);
-    for u in [4, 6, 8] {
-        send(h.d(), &reply(u, 0, &[]));
-        recv(&h.kernel);
-    }
+    send(h.d(), &reply(8, 0, &[]));
+    recv(&h.kernel);
     assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
 }
 
@@ -575,4 +580,110 @@ fn spin_policy_stops_spinning_on_a_slow_daemon_and_retries() {
     p.handled(Handled::Reply, true);
     p.handled(Handled::Request, false);
     assert!(p.spin_now());
+}
+
+/// OPEN of `fh` for writing through the harness: request, daemon's reply, kernel's reply.
+fn open_write(h: &Harness, unique: u64, fh: u64) {
+    let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
+    open.extend_from_slice(&[0; 4]);
+    send(&h.kernel, &request(14, unique, 7, &open));
+    recv(h.d());
+    let mut out = fh.to_le_bytes().to_vec();
+    out.extend_from_slice(&[0; 8]);
+    send(h.d(), &reply(unique, 0, &out));
+    recv(&h.kernel);
+}
+
+/// A RELEASE request body for `fh` opened O_WRONLY.
+fn release_write(fh: u64) -> Vec<u8> {
+    let mut rel = fh.to_le_bytes().to_vec();
+    rel.extend_from_slice(&(libc::O_WRONLY as u32).to_le_bytes());
+    rel.extend_from_slice(&[0; 12]);
+    rel
+}
+
+#[test]
+fn a_release_with_changes_no_flush_covered_is_preceded_by_an_own_fsync() {
+    let h = start();
+    open_write(&h, 2, 9);
+    // close(): FLUSH covers the open.
+    let mut fh9 = 9u64.to_le_bytes().to_vec();
+    fh9.extend_from_slice(&[0; 16]);
+    send(&h.kernel, &request(25, 4, 7, &fh9));
+    recv(h.d());
+    send(h.d(), &reply(4, 0, &[]));
+    recv(&h.kernel);
+    // A WRITE after the last FLUSH (a mapping written after close, then munmap).
+    let mut write = 9u64.to_le_bytes().to_vec();
+    write.extend_from_slice(&[0; 32]);
+    send(&h.kernel, &request(16, 6, 7, &write));
+    recv(h.d());
+    send(h.d(), &reply(6, 0, &[0; 8]));
+    recv(&h.kernel);
+    send(&h.kernel, &request(18, 8, 7, &release_write(9)));
+    // The daemon gets an FSYNC of the relay's own first, of the same handle and nodeid.
+    let fsync = recv(h.d());
+    let fh = InHeader::parse(&fsync).unwrap();
+    assert_eq!((fh.opcode, fh.nodeid), (Opcode::Fsync, 7));
+    assert!(is_own_unique(fh.unique));
+    assert_eq!(proto::u64_at(&fsync, proto::IN_HEADER_LEN), Some(9));
+    assert!(recv_within(h.d(), Duration::from_millis(100)).is_none());
+    assert_eq!(h.relay.outstanding().in_flight, 2, "RELEASE and FSYNC");
+    // Its reply goes nowhere; then the RELEASE is forwarded.
+    send(h.d(), &reply(fh.unique, 0, &[]));
+    assert_eq!(unique_of(&recv(h.d())), 8);
+    assert!(recv_within(&h.kernel, Duration::from_millis(100)).is_none());
+    send(h.d(), &reply(8, 0, &[]));
+    assert_eq!(unique_of(&recv(&h.kernel)), 8);
+    assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
+    assert!(h.relay.failed_flushes().is_empty());
+    assert_eq!(h.relay.counters().relay_fsyncs, 1);
+
+    // The same with the FSYNC failing: a failed flush; the RELEASE still goes on.
+    open_write(&h, 10, 11);
+    let mut write = 11u64.to_le_bytes().to_vec();
+    write.extend_from_slice(&[0; 32]);
+    send(&h.kernel, &request(16, 12, 7, &write));
+    recv(h.d());
+    send(h.d(), &reply(12, 0, &[0; 8]));
+    recv(&h.kernel);
+    send(&h.kernel, &request(18, 14, 7, &release_write(11)));
+    let fsync = recv(h.d());
+    send(h.d(), &reply(unique_of(&fsync), -libc::EIO, &[]));
+    assert_eq!(unique_of(&recv(h.d())), 14);
+    send(h.d(), &reply(14, 0, &[]));
+    assert_eq!(unique_of(&recv(&h.kernel)), 14);
+    assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
+    assert_eq!(h.relay.failed_flushes().len(), 1);
+}
+
+#[test]
+fn an_open_answered_enosys_gets_a_handle_of_the_relay() {
+    let h = start();
+    let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
+    open.extend_from_slice(&[0; 4]);
+    send(&h.kernel, &request(14, 2, 7, &open));
+    recv(h.d());
+    send(h.d(), &reply(2, -libc::ENOSYS, &[]));
+    // The kernel gets a successful OPEN with fh 0 instead of ENOSYS (its no-open mode).
+    let r = recv(&h.kernel);
+    let oh = OutHeader::parse(&r).unwrap();
+    assert_eq!((oh.unique, oh.error, r.len()), (2, 0, 32));
+    assert_eq!(proto::u64_at(&r, 16), Some(0));
+    let o = h.wait_outstanding(|o| o.in_flight == 0);
+    assert_eq!(o.open_write, 1, "the writer counts");
+    // FLUSH of fh 0 reaches the daemon; RELEASE is answered by the relay.
+    let mut fh0 = vec![0u8; 24];
+    fh0[..8].copy_from_slice(&0u64.to_le_bytes());
+    send(&h.kernel, &request(25, 4, 7, &fh0));
+    assert_eq!(unique_of(&recv(h.d())), 4);
+    send(h.d(), &reply(4, 0, &[]));
+    recv(&h.kernel);
+    send(&h.kernel, &request(18, 6, 7, &release_write(0)));
+    let r = recv(&h.kernel);
+    let oh = OutHeader::parse(&r).unwrap();
+    assert_eq!((oh.unique, oh.error), (6, 0));
+    assert!(recv_within(h.d(), Duration::from_millis(100)).is_none());
+    assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
+    assert_eq!(h.relay.counters().opens_answered, 1);
 }
