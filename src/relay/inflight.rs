@@ -78,17 +78,19 @@ pub fn accounting_op(op: Opcode) -> Op {
 }
 
 /// One open handle: the guard that counts it, its nodeid, and how many changes it has seen
-/// and a successful FLUSH/FSYNC covered (a FLUSH covers the changes admitted before it).
+/// and a successful FLUSH covered (a FLUSH covers the changes admitted before it). A
+/// successful FSYNC does not count as covering them: gcsfuse's streaming writes (its default)
+/// put an object in the bucket only at a FLUSH, never at an FSYNC.
 #[derive(Debug)]
 struct OpenHandle {
     _guard: HandleGuard,
     nodeid: u64,
     /// Changes admitted (WRITE, FALLOCATE, ...), plus 1 for the open itself when it is open
     /// for writing: the kernel may change the file without a WRITE the relay sees (a dirty
-    /// `MAP_SHARED` page, the writeback cache), so only a successful FLUSH/FSYNC after the
-    /// open makes it synced.
+    /// `MAP_SHARED` page, the writeback cache), so only a successful FLUSH after the open
+    /// makes it synced.
     changes: u64,
-    /// Changes a successful FLUSH/FSYNC covered.
+    /// Changes a successful FLUSH covered.
     synced: u64,
     /// Changes a FLUSH/FSYNC covered, whatever its result (a failed one is a failed flush
     /// already, and the caller got its error).
@@ -99,7 +101,7 @@ struct OpenHandle {
 }
 
 impl OpenHandle {
-    /// Changed since its last successful FLUSH/FSYNC.
+    /// Changed since its last successful FLUSH.
     fn unsynced(&self) -> bool {
         self.changes > self.synced
     }
@@ -505,7 +507,8 @@ impl Inflight {
         if p.opcode == Opcode::Read {
             self.acct.bytes_read.fetch_add(body.len() as u64, Relaxed);
         }
-        if let Some((fh, changes)) = p.syncs {
+        // Only a FLUSH counts as synced: an FSYNC does not finalize a streaming write.
+        if let Some((fh, changes)) = p.syncs.filter(|_| p.opcode == Opcode::Flush) {
             for oh in self
                 .handles
                 .get_mut(&(HandleMode::Write, fh))
@@ -570,7 +573,7 @@ impl Inflight {
     }
 
     /// Paths of the files open for writing that were written (or created or truncated) since
-    /// their last successful FLUSH/FSYNC.
+    /// their last successful FLUSH.
     pub fn unsynced_paths(&self) -> Vec<String> {
         let mut ids: Vec<u64> = self
             .handles
@@ -931,7 +934,7 @@ mod tests {
             b
         };
         let names = |t: &T| t.s.unsynced_paths().len();
-        // Opened for writing: unsynced until a FLUSH/FSYNC succeeds, even with no WRITE seen
+        // Opened for writing: unsynced until a FLUSH succeeds, even with no WRITE seen
         // (a MAP_SHARED page or the writeback cache changes the file without one).
         assert_eq!(t.admit(14, 2, &open_in(libc::O_WRONLY)), Admit::Forward);
         t.s.on_reply(2, 0, &open_out(7));
@@ -951,12 +954,16 @@ mod tests {
         t.s.on_reply(6, 0, &[]);
         t.s.complete(6);
         assert_eq!(names(&t), 1);
-        // A failed FSYNC covers nothing; a successful one covers everything before it.
+        // A failed FSYNC covers nothing, and neither does a successful one (gcsfuse's
+        // streaming writes publish only at a FLUSH); a successful FLUSH covers everything.
         t.admit(20, 10, &fh_in(7, 16));
         t.s.on_reply(10, -libc::EIO, &[]);
         assert_eq!(names(&t), 1);
         t.admit(20, 12, &fh_in(7, 16));
         t.s.on_reply(12, 0, &[]);
+        assert_eq!(names(&t), 1);
+        t.admit(25, 13, &fh_in(7, 24));
+        t.s.on_reply(13, 0, &[]);
         assert_eq!(names(&t), 0);
         // CREATE starts unsynced.
         let mut create_in = vec![0u8; 16];
