@@ -4,7 +4,8 @@
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
 # fake-gcs-server, s3fs + moto), the manifest linters. Then: rustfmt, clippy with
 # -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which really mount, as
-# root), the offline Kubernetes/Docker checks, and a smoke run of the benchmark harness.
+# root), the offline Kubernetes/Docker checks, and smoke runs of the benchmark harness (tmpfs, and
+# the real gcsfuse and sidecar mounter).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -65,6 +66,9 @@ DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
 
 step "benchmark harness, smoke mode"
 bash fuse-tests/bench/run.sh --smoke
+
+step "benchmark against the real gcsfuse and sidecar mounter, smoke mode"
+bash fuse-tests/bench/gcsfuse.sh --smoke --no-build
 
 leftover=$(comm -13 <(echo "$mounts_before") <(fuse_mounts))
 if [[ -n "$leftover" ]]; then
