@@ -19,9 +19,16 @@ its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max
 fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
 (1 and 4 threads); each repetition runs every case on every target back to back, in an order
 rotated per repetition; medians. Reads use the files fio-r/bench.0..3, laid out once through
-the raw gcsfuse (every target sees the same objects); with the cache on, every target reads
-them once before the measurements, so cache-on reads are cached reads. Writes go to a directory
-per target. The ratios are to raw gcsfuse with the same cache setting.
+the raw gcsfuse (every target sees the same objects), and run with O_DIRECT (fio --direct=1),
+so that every read reaches gcsfuse on every target: fio's `invalidate=1` drops only the page
+cache of the file it opens, and behind drainfs that is not gcsfuse's, which stayed warm (raw
+gcsfuse re-read every pass from the bucket while drainfs's passthrough read gcsfuse's page cache
+at 10x). drainfs `never` does not pass O_DIRECT on to the lower, so its repeated passes are
+still served from gcsfuse's page cache. With the cache on, every target reads the files once
+before the measurements, so cache-on reads are gcsfuse file-cache hits. Writes (buffered) go to
+a directory per target. Before every job the lower's copies of its files get
+POSIX_FADV_DONTNEED for `auto` and `never` (see drop_lower_cache). The ratios are to raw
+gcsfuse with the same cache setting.
 
 Part 2, the end-of-Job tail through GKE's real sidecar mounter (v1.24.4). Per run: a fresh
 mount made by `fake-node-driver` in its CSI mode (the node driver's part: mount with fd=N, the
@@ -260,8 +267,29 @@ class Target:
 # part 1: fio and mdbench
 
 
-def fio_dirs(t):
-    return os.path.join(t.mnt, "fio-r"), os.path.join(t.mnt, f"fio-w-{t.cache}-{t.name}")
+def fio_dirs(t, root=None):
+    root = root or t.mnt
+    return os.path.join(root, "fio-r"), os.path.join(root, f"fio-w-{t.cache}-{t.name}")
+
+
+def drop_lower_cache(t, which, nj):
+    """fio's `invalidate=1` drops the page cache of the files it opens, which behind drainfs
+    are drainfs's; the page cache of gcsfuse's files underneath (where kernel passthrough reads
+    and writes, and drainfs's own reads go) would stay warm from the previous job, while raw
+    gcsfuse's is dropped. So for `auto` and `never` the same files on the lower get
+    POSIX_FADV_DONTNEED too: every job on every target starts with gcsfuse's files uncached."""
+    if t.name not in ("auto", "never"):
+        return
+    d = fio_dirs(t, t.lower)[which]
+    for i in range(nj):
+        try:
+            fd = os.open(os.path.join(d, f"bench.{i}"), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def part_throughput(ctx, raw):
@@ -305,9 +333,12 @@ def part_throughput(ctx, raw):
                         for name in order:
                             t = targets[f"{cache}/{name}"]
                             i += 1
-                            d = fio_dirs(t)[0 if direction == "read" else 1]
+                            which = 0 if direction == "read" else 1
+                            d = fio_dirs(t)[which]
+                            drop_lower_cache(t, which, nj)
                             out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{cache}-{name}-rep{rep}.json")
-                            v = bench.fio_value(bench.run_fio(ctx, ini, d, nj, out), direction, unit)
+                            extra = ["--direct=1"] if direction == "read" else []
+                            v = bench.fio_value(bench.run_fio(ctx, ini, d, nj, out, extra), direction, unit)
                             raw["fio"].setdefault(f"{cache}/{key}/nj{nj}/{name}", []).append(v)
                             log(f"fio {i}/{n_total} rep{rep} cache {cache} {key} nj{nj} {name}: {v:,.1f} {unit} "
                                 f"(load {bench.loadavg()})")
@@ -456,7 +487,9 @@ def tail_run(ctx, arr, stop, n):
             # sidecar's exit; add the time from the application's exit to that stop.
             res["tail_ms"] = (t_stop - t_app) * 1000 + float(ms.split()[0])
             res["sidecar_exit"] = status
-            res["gcsfuse_exit"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
+            # What the sidecar mounter said of its child (gcsfuse, or the drop-in).
+            res["sidecar_child"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
+            res["gcsfuse_exit"] = res["sidecar_child"]
             res["error_lines"] = [x[len("error file: "):] for x in lines if x.startswith("error file: ")]
             res["fnd_exit"] = rc
         try:
@@ -464,7 +497,7 @@ def tail_run(ctx, arr, stop, n):
                 s = json.load(f)
             res["drainfs_exit"] = s.get("exit_code")
             le = s.get("lower_exit")
-            if arr == "mount" or arr == "relay":
+            if arr in ("mount", "relay"):  # the real gcsfuse behind drainfs, as drainfs saw it
                 res["gcsfuse_exit"] = json.dumps(le) if not isinstance(le, str) else le
         except (OSError, ValueError):
             pass
@@ -552,7 +585,7 @@ def throughput_table(ctx, raw):
 
 def tail_table(ctx, raw):
     rows = [["stop", "arrangement", "runs", "tail p50 (ms)", "tail p95 (ms)", "max (ms)", "bytes closed", "bytes lost",
-             "sidecar exit", "gcsfuse exit", "error-file lines"]]
+             "sidecar exit", "the sidecar on its child", "gcsfuse exit", "error-file lines"]]
     for stop in ("native", "exit-file"):
         for arr in ARRANGEMENTS:
             rs = [r for r in raw["tail"] if r["arrangement"] == arr and r["stop"] == stop]
@@ -571,7 +604,8 @@ def tail_table(ctx, raw):
                     err[line[:80]] = err.get(line[:80], 0) + 1
             rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct(ms, 0.5):.0f}",
                          f"{pct(ms, 0.95):.0f}", f"{max(ms):.0f}", sum(r["bytes_closed"] for r in rs),
-                         sum(r["bytes_lost"] for r in rs), counts("sidecar_exit"), counts("gcsfuse_exit"),
+                         sum(r["bytes_lost"] for r in rs), counts("sidecar_exit"),
+                         counts("sidecar_child") if arr != "mount" else "-", counts("gcsfuse_exit"),
                          "; ".join(f"{v}x {k}" for k, v in err.items()) if arr != "mount" else "(no sidecar)"])
     return render(rows)
 
