@@ -6,6 +6,8 @@ Standard library only. Subcommands (all paths absolute):
   gen SRC BIG_MIB           write the input tree under SRC/job/ and SRC/expected.json
                             ({"key": {"size": N, "sha256": "hex"}}; key = path under SRC)
   summary FILE              print drainfs's JSON shutdown summary for a newcomer
+  count EXPECTED OBJECTS.json
+                            "N/M complete" (and how many are missing or differ), one line
   table EXPECTED LABEL=OBJECTS.json ...
                             per-object table (size, complete and sha256-equal?) for each run,
                             from `lowers.py objects` output, i.e. read from the server
@@ -105,7 +107,7 @@ PHASES = [
     ("door_closed_ms", "door closed", "new opens and creates refused (ESHUTDOWN); open files go on"),
     ("drained_ms", "drained", "nothing in flight, every open file closed, i.e. uploaded"),
     ("unmounted_ms", "unmounted", "drainfs's mount removed"),
-    ("lower_exited_ms", "lower exited", "rclone (the gcsfuse stand-in) stopped after SIGINT"),
+    ("lower_exited_ms", "lower exited", "gcsfuse stopped after the SIGINT drainfs sent it (it unmounts and exits)"),
     ("exit_ms", "exit", "drainfs exits"),
 ]
 
@@ -127,8 +129,8 @@ def summary(path: str) -> None:
           f"flushes (uploads inside close()), {c.get('lower_flush_errors', 0)} failed, "
           f"{human(c.get('bytes_written', 0))} written")
     lower = s.get("lower_exit")
-    print(f"  rclone: {lower}" + (" (128 + SIGINT: rclone's normal exit after the SIGINT "
-                                  "drainfs sent it)" if lower == "exit 130" else ""))
+    print(f"  gcsfuse: {lower}" + (" (gcsfuse unmounted and exited 0 after drainfs's SIGINT)"
+                                   if lower == "exit 0" else ""))
     print("  full summary:")
     for k, v in s.items():
         print(f"    {k}: {json.dumps(v)}")
@@ -197,7 +199,23 @@ def table(expected_path: str, runs: list[str]) -> int:
     return bad_runs
 
 
+def count(expected_path: str, objects_path: str) -> None:
+    with open(expected_path) as f:
+        expected = json.load(f)
+    with open(objects_path) as f:
+        objs = json.load(f)
+    vs = [verdict(want, objs.get(k)) for k, want in expected.items()]
+    line = f"{vs.count('ok')}/{len(vs)} complete"
+    bad = len(vs) - vs.count("ok")
+    if bad:
+        line += f" ({bad} missing or different)"
+    print(line)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "count":
+        count(argv[1], argv[2])
+        return 0
     if len(argv) >= 3 and argv[0] == "gen":
         gen(argv[1], int(argv[2]))
         return 0

@@ -5,14 +5,24 @@
 #   scripts/demo.sh --with-drainfs     with drainfs only
 #   scripts/demo.sh --without-drainfs  the same workload on the bare FUSE client, stopped the way
 #                                      GKE's sidecar stops gcsfuse today
+#   scripts/demo.sh --managed          only the second act: GKE's managed sidecar, stock vs relay
 #
-# Run as root on Debian with the Rust toolchain. It installs what it needs
-# (scripts/install-lowers.sh: fuse3, s3fs, rsync and a venv with rclone, fake-gcs-server, moto),
-# builds drainfs (release), starts fake-gcs-server on 127.0.0.1 and uses `rclone mount` over it
-# as the stand-in for gcsfuse: a Go FUSE client of the GCS JSON API that streams a file while it
-# is written and finalizes the object inside close(), like gcsfuse's streaming writes.
+# Second act (also run by default): the managed-sidecar arrangement. fake-node-driver (the test
+# suite's stand-in for GKE's CSI node driver) mounts a volume with fd=N and hands the fd over the
+# sidecar's unix socket to the REAL sidecar mounter, which runs as uid 65534 with no capabilities
+# and execs `--gcsfuse-path`: stock (the real gcsfuse) or the relay (drainfs as the gcsfuse
+# drop-in, the real gcsfuse behind it). The workload runs and exits; then the stop comes the
+# GKE way: SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE), or the exit file the sidecar polls
+# every 5 s (a regular sidecar container). Printed side by side: time from the stop to the
+# sidecar's exit, the objects in the bucket, gcsfuse's end, the lines of the sidecar's error file.
 #
-# A run: start the server (fresh bucket), start `drainfs run ... -- rclone mount ...` (or rclone
+# Run as root on Debian with the Rust and Go toolchains. It installs what it needs
+# (scripts/install-lowers.sh: fuse3, the real gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4
+# built from source, a venv with fake-gcs-server), builds drainfs (release), and starts
+# fake-gcs-server on 127.0.0.1 as the bucket. gcsfuse runs with streaming writes (its default):
+# blocks upload while a file is written, and the object is finalized inside close().
+#
+# A run: start the server (fresh bucket), start `drainfs run ... -- gcsfuse ...` (or gcsfuse
 # alone), run a short workload through the mount (a config file, a `cp -r` of a directory tree,
 # a CSV written by Python, a 24 MiB model, a 200 MiB checkpoint last), and stop everything at the
 # worst moment: while the application is inside close() of the checkpoint, i.e. while its upload
@@ -30,17 +40,15 @@ REPO="$(cd "$HERE/.." && pwd)"
 LOWERS="$HERE/lowers.py"
 HELPER="$HERE/demo-helper.py"
 
-# drainfs runs with its default flags. rclone with --vfs-cache-mode off uploads per file handle,
-# and with kernel passthrough the kernel writes through a second handle of its own, which never
-# gets a FLUSH (scripts/LOWERS-NOTES.md, section 4); `--passthrough auto` knows this lower is not
-# one that keeps per-inode write state, so it serves the writes in drainfs by itself.
-# DEMO_GCS_PASSTHROUGH=<mode> passes an explicit --passthrough.
+# drainfs runs with its default flags: `--passthrough auto` sees a fuse.gcsfuse lower, which keeps
+# write state per inode, so writers get kernel passthrough. DEMO_GCS_PASSTHROUGH=<mode> passes an
+# explicit --passthrough.
 GCS_PASSTHROUGH="${DEMO_GCS_PASSTHROUGH:-}"
 BIG_MIB="${DEMO_BIG_MIB:-200}"
 SIDECAR_KILL_AFTER_S=5   # GKE's sidecar: SIGTERM to gcsfuse, SIGKILL 5 s later
 
 usage() {
-    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 MODE=compare
@@ -48,6 +56,7 @@ case "${1:-}" in
     "" | --compare) ;;
     --with-drainfs) MODE=with ;;
     --without-drainfs) MODE=without ;;
+    --managed) MODE=managed ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
 esac
@@ -134,7 +143,8 @@ wait_in_close() {
 
 WORK=""
 DF_PID=""      # drainfs
-RC_PID=""      # rclone started directly (run without drainfs)
+ND_PID=""      # fake-node-driver (second act)
+RC_PID=""      # gcsfuse started directly (run without drainfs)
 APP_PID=""     # the application's last cp
 RUN_DIRS=()    # lowers.py work dirs (their servers)
 MOUNTS=()      # every mountpoint this demo uses
@@ -153,6 +163,7 @@ cleanup() {
         stop_pid "$DF_PID" 5
     fi
     stop_pid "$RC_PID" 3
+    stop_pid "$ND_PID" 40
     [ -n "$APP_PID" ] && wait "$APP_PID" 2>/dev/null
     for m in "${MOUNTS[@]}"; do
         if mounted "$m"; then
@@ -182,7 +193,7 @@ trap 'exit 143' TERM
 # ---------------------------------------------------------------- set-up
 
 T_START=$(now_ms)
-say "drainfs demo: drainfs in front of a GCS FUSE client (rclone mount, the stand-in for gcsfuse)"
+say "drainfs demo: drainfs in front of the real gcsfuse (and inside GKE's real sidecar mounter)"
 say "over a local fake-gcs-server; a workload, a Kubernetes-style stop, every object checked."
 say ""
 
@@ -208,11 +219,12 @@ if ! bash "$HERE/install-lowers.sh" >"$INSTALL_LOG" 2>&1; then
     die "scripts/install-lowers.sh failed (output above)"
 fi
 rm -f "$INSTALL_LOG"
-step_ok "fuse3, rclone, fake-gcs-server"
+step_ok "$("${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin/gcsfuse" --version | cut -d' ' -f1-3), sidecar mounter v1.24.4, fake-gcs-server"
 
 step_start "building drainfs (cargo build --release)"
 BUILD_LOG="$(mktemp "${TMPDIR:-/tmp}/drainfs-demo-build.XXXXXX")"
-if ! (cd "$REPO" && cargo build --release --locked -p drainfs --bin drainfs) >"$BUILD_LOG" 2>&1; then
+if ! (cd "$REPO" && cargo build --release --locked -p drainfs --bin drainfs \
+    && cargo build --release --locked -p fuse-tests --bin fake-node-driver) >"$BUILD_LOG" 2>&1; then
     say "FAILED"
     tail -n 40 "$BUILD_LOG" >&2
     rm -f "$BUILD_LOG"
@@ -223,6 +235,8 @@ TARGET_DIR="$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 DRAINFS="$TARGET_DIR/release/drainfs"
 [ -x "$DRAINFS" ] || die "$DRAINFS not found after the build"
+NODE_DRIVER="$TARGET_DIR/release/fake-node-driver"
+LOWERS_BIN="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin"
 step_ok
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/drainfs-demo.XXXXXX")"
@@ -301,16 +315,16 @@ start_server() {
     local d="$1" info
     mkdir -p "$d"
     RUN_DIRS+=("$d")
-    info="$(python3 "$LOWERS" start-server gcs --workdir "$d")" || die "cannot start fake-gcs-server"
+    info="$(python3 "$LOWERS" start-server gcsfuse --workdir "$d")" || die "cannot start fake-gcs-server"
     PORT="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["port"])' <<<"$info")"
     say "  fake-gcs-server on 127.0.0.1:$PORT, bucket drainfs-test (empty)"
 }
 
-# rclone_argv DIR MOUNTPOINT: the FUSE client's argv (from lowers.py), into RCLONE_ARGV.
-rclone_argv() {
+# gcsfuse_argv DIR MOUNTPOINT: gcsfuse's argv (from lowers.py), into GCSFUSE_ARGV.
+gcsfuse_argv() {
     local json
-    json="$(python3 "$LOWERS" mount-cmd gcs --workdir "$1" --mountpoint "$2" --log "$1/rclone.log")"
-    mapfile -t RCLONE_ARGV < <(python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)))' <<<"$json")
+    json="$(python3 "$LOWERS" mount-cmd gcsfuse --workdir "$1" --mountpoint "$2" --log "$1/gcsfuse.log")"
+    mapfile -t GCSFUSE_ARGV < <(python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)))' <<<"$json")
 }
 
 show_cmd() {   # prints a command line, quoted where needed, wrapped for reading
@@ -331,7 +345,7 @@ show_cmd() {   # prints a command line, quoted where needed, wrapped for reading
 
 # fetch_objects DIR OUT: every object in the run's bucket, with size and sha256, from the server.
 fetch_objects() {
-    python3 "$LOWERS" objects gcs --workdir "$1" >"$2" || die "cannot list the bucket"
+    python3 "$LOWERS" objects gcsfuse --workdir "$1" >"$2" || die "cannot list the bucket"
 }
 
 # ---------------------------------------------------------------- run 1: with drainfs
@@ -346,18 +360,18 @@ run_with_drainfs() {
     MOUNTS+=("$mnt" "$lower")
     log="$d/app.log"
     : >"$log"
-    rclone_argv "$d" "$lower"
+    gcsfuse_argv "$d" "$lower"
     local pt=()
     if [ -n "$GCS_PASSTHROUGH" ]; then pt=(--passthrough "$GCS_PASSTHROUGH"); fi
     local cmd=("$DRAINFS" run --lower "$lower" --mountpoint "$mnt" "${pt[@]}"
         --exit-file "$vol/exit" --summary-file "$d/summary.json" --ready-file "$d/ready"
-        --grace-period 30s --lower-ready-timeout 30s -- "${RCLONE_ARGV[@]}")
-    say "  drainfs starts rclone (the gcsfuse stand-in) on LOWER, waits for its mount, then mounts"
+        --grace-period 30s --lower-ready-timeout 30s -- "${GCSFUSE_ARGV[@]}")
+    say "  drainfs starts gcsfuse on LOWER, waits for its mount, then mounts"
     say "  itself on MNT, where the application writes:"
     show_cmd "${cmd[@]}"
     if [ -z "$GCS_PASSTHROUGH" ]; then
-        say "  (default flags: rclone is not a lower known to keep per-inode write state, so"
-        say "   --passthrough auto serves the writes in drainfs; scripts/LOWERS-NOTES.md, section 4)"
+        say "  (default flags: gcsfuse keeps write state per inode, so --passthrough auto gives"
+        say "   writers kernel passthrough; drainfs's FLUSH still makes the upload happen in close())"
     fi
     t_ready=$(now_ms)
     "${cmd[@]}" >"$d/drainfs.out" 2>"$d/drainfs.log" &
@@ -406,7 +420,7 @@ run_with_drainfs() {
     say "  application: $APP_RESULT"
     WITH_APP="$APP_RESULT"
     case "$df_rc" in
-        0) say "  drainfs exited 0 (clean: everything drained and uploaded, rclone stopped cleanly)" ;;
+        0) say "  drainfs exited 0 (clean: everything drained and uploaded, gcsfuse stopped cleanly)" ;;
         75) say "  drainfs exited 75 (deadline forced or a flush failed: data may be incomplete)" ;;
         69) say "  drainfs exited 69 (the lower failed or died)" ;;
         *) say "  drainfs exited $df_rc" ;;
@@ -424,7 +438,7 @@ run_with_drainfs() {
         LEFT_MOUNTED=yes
         detach "$mnt"; detach "$lower"
     else
-        say "  left mounted: nothing (neither drainfs's mount nor rclone's)"
+        say "  left mounted: nothing (neither drainfs's mount nor gcsfuse's)"
     fi
     fetch_objects "$d" "$WORK/objects-with.json"
     python3 "$LOWERS" stop --workdir "$d" >/dev/null
@@ -447,15 +461,15 @@ run_without_drainfs() {
     MOUNTS+=("$mnt")
     log="$d/app.log"
     : >"$log"
-    rclone_argv "$d" "$mnt"
-    say "  rclone (the gcsfuse stand-in) mounts the bucket on MNT; the application writes there:"
-    show_cmd "${RCLONE_ARGV[@]}"
+    gcsfuse_argv "$d" "$mnt"
+    say "  gcsfuse mounts the bucket on MNT; the application writes there:"
+    show_cmd "${GCSFUSE_ARGV[@]}"
     t0=$(now_ms)
-    "${RCLONE_ARGV[@]}" </dev/null >"$d/rclone.out" 2>&1 &
+    "${GCSFUSE_ARGV[@]}" </dev/null >"$d/gcsfuse.out" 2>&1 &
     RC_PID=$!
-    python3 "$LOWERS" wait-mount --mountpoint "$mnt" --fstype fuse.rclone --timeout 30 >/dev/null \
-        || { tail -n 20 "$d/rclone.log" >&2; die "rclone did not mount"; }
-    say "  rclone is mounted ($(secs $(($(now_ms) - t0))) after start)"
+    python3 "$LOWERS" wait-mount --mountpoint "$mnt" --fstype fuse.gcsfuse --timeout 30 >/dev/null \
+        || { tail -n 20 "$d/gcsfuse.log" >&2; die "gcsfuse did not mount"; }
+    say "  gcsfuse is mounted ($(secs $(($(now_ms) - t0))) after start)"
     say "  the application's workload through MNT (identical):"
     workload "$mnt" "$log"
     start_last_upload "$mnt" "$log"
@@ -468,7 +482,7 @@ run_without_drainfs() {
     # What the GKE sidecar does once it decides the workload is over: SIGTERM, SIGKILL 5 s later.
     kill -TERM "$RC_PID"
     t_trig=$(now_ms)
-    say "  trigger: SIGTERM to rclone; SIGKILL follows in ${SIDECAR_KILL_AFTER_S} s if it is still running"
+    say "  trigger: SIGTERM to gcsfuse; SIGKILL follows in ${SIDECAR_KILL_AFTER_S} s if it is still running"
     end=$((t_trig + SIDECAR_KILL_AFTER_S * 1000))
     while alive "$RC_PID" && [ "$(now_ms)" -lt "$end" ]; do sleep 0.01; done
     if alive "$RC_PID"; then
@@ -480,9 +494,9 @@ run_without_drainfs() {
     wait "$RC_PID" 2>/dev/null || rc_rc=$?
     RC_PID=""
     if [ "$killed" = yes ]; then
-        say "  rclone was still running after ${SIDECAR_KILL_AFTER_S} s: SIGKILLed (exit $rc_rc)"
+        say "  gcsfuse was still running after ${SIDECAR_KILL_AFTER_S} s: SIGKILLed (exit $rc_rc)"
     else
-        say "  rclone exited by itself $(secs $((t_gone - t_trig))) after SIGTERM, with status $rc_rc" \
+        say "  gcsfuse exited by itself $(secs $((t_gone - t_trig))) after SIGTERM, with status $rc_rc" \
             "(its exit status says nothing about uploads)"
     fi
     end=$(($(now_ms) + 30000))
@@ -504,29 +518,127 @@ run_without_drainfs() {
         WITHOUT_MOUNT="left a dead mount behind (Transport endpoint is not connected)"
         [ -n "$state" ] || WITHOUT_MOUNT="left its mount behind"
     else
-        say "  MNT: rclone unmounted itself (no dead mount this time)"
+        say "  MNT: gcsfuse unmounted itself (no dead mount this time)"
         WITHOUT_MOUNT="unmounted itself"
     fi
     # Give a cancelled upload a moment to settle on the server before reading the bucket.
     sleep 1
     fetch_objects "$d" "$WORK/objects-without.json"
     python3 "$LOWERS" stop --workdir "$d" >/dev/null
-    WITHOUT_RCLONE="exited $rc_rc $(secs $((t_gone - t_trig))) after SIGTERM"
-    [ "$killed" = no ] || WITHOUT_RCLONE="was SIGKILLed ${SIDECAR_KILL_AFTER_S} s after SIGTERM"
+    WITHOUT_LOWER="exited $rc_rc $(secs $((t_gone - t_trig))) after SIGTERM"
+    [ "$killed" = no ] || WITHOUT_LOWER="was SIGKILLed ${SIDECAR_KILL_AFTER_S} s after SIGTERM"
+}
+
+
+# ---------------------------------------------------------------- second act: GKE's managed sidecar
+
+# managed_run NAME STOP GCSFUSE: one run through the real sidecar mounter. STOP: native |
+# exit-file; GCSFUSE: stock | relay. Appends a row to MANAGED_ROWS.
+MANAGED_ROWS=()
+managed_run() {
+    local name="$1" stop="$2" how="$3" d="$WORK/managed-$1" port opts=() gpath env=() end
+    local t_trig t_exit="" nd_rc=0 sc_exit gc_exit errs objs
+    mkdir -p "$d"
+    chmod 755 "$d"
+    start_server "$d" >/dev/null
+    port="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["servers"]["gcsfuse"]["port"])' "$d/lowers-state.json")"
+    local mnt="$d/mnt" base="$d/volumes" var="$d/var"
+    mkdir -p "$mnt" "$var"
+    chown 65534:65534 "$var"
+    # Its stdin stays open (fake-node-driver takes EOF on stdin as a stop): fd 7, a FIFO held here.
+    mkfifo "$d/stdin"
+    exec 7<>"$d/stdin"
+    MOUNTS+=("$mnt")
+    # The mount options a user writes in the volume's mountOptions (REAL-PEERS.md §2.2, §4.3).
+    for o in "custom-endpoint=http://localhost:$port/storage/v1/" anonymous-access enable-hns=false \
+        enable-atomic-rename-object=false disable-autoconfig implicit-dirs \
+        disable-metrics-for-gke:true logging:format:text; do
+        opts+=("--mount-option=$o")
+    done
+    if [ "$how" = relay ]; then
+        mkdir -p "$d/dropin"
+        ln -sfn "$DRAINFS" "$d/dropin/gcsfuse"   # drainfs runs as the gcsfuse drop-in by its name
+        gpath="$d/dropin/gcsfuse"
+        env=(DRAINFS_REAL_GCSFUSE="$LOWERS_BIN/gcsfuse" DRAINFS_SUMMARY_FILE="$var/summary.json"
+            DRAINFS_SOCKET_BUFFER=212992)
+    else
+        gpath="$LOWERS_BIN/gcsfuse"
+    fi
+    env "${env[@]}" "$NODE_DRIVER" --mountpoint "$mnt" --volume-base-path "$base" \
+        --volume-name "vol-$name" --bucket drainfs-test --stop "$stop" --grace-period 30s \
+        "${opts[@]}" -- "$LOWERS_BIN/gcs-fuse-csi-driver-sidecar-mounter" --v=5 \
+        "--gcsfuse-path=$gpath" >"$d/node-driver.out" 2>"$d/node-driver.log" <&7 7>&- &
+    ND_PID=$!
+    end=$(($(now_ms) + 60000))
+    until grep -qx ready "$d/node-driver.out" 2>/dev/null; do
+        alive "$ND_PID" || { tail -n 30 "$d/node-driver.log" >&2; die "the sidecar did not mount ($name)"; }
+        [ "$(now_ms)" -lt "$end" ] || { tail -n 30 "$d/node-driver.log" >&2; die "the sidecar not ready after 60 s ($name)"; }
+        sleep 0.05
+    done
+    : >"$d/app.log"
+    workload "$mnt" "$d/app.log" >/dev/null
+    cp "$SRC/$BIG_REL" "$mnt/$BIG_REL" 2>>"$d/app.log" || true
+    # The workload has exited: the kubelet (native) or the node driver (exit file) stops the sidecar.
+    kill -TERM "$ND_PID"
+    t_trig=$(now_ms)
+    wait "$ND_PID" || nd_rc=$?
+    ND_PID=""
+    exec 7>&-
+    sc_exit="$(sed -n 's/^sidecar exit: //p' "$d/node-driver.out" | tail -n 1)"
+    gc_exit="$(sed -n 's/^gcsfuse exit: //p' "$d/node-driver.out" | tail -n 1)"
+    errs="$(grep -c '^error file: ' "$d/node-driver.out" || true)"
+    fetch_objects "$d" "$d/objects.json"
+    objs="$(python3 "$HELPER" count "$SRC/expected.json" "$d/objects.json")"
+    python3 "$LOWERS" stop --workdir "$d" >/dev/null
+    local outcome="-"
+    if [ -s "$var/summary.json" ]; then
+        outcome="$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["exit_code"], s["outcome"])' "$var/summary.json")"
+    fi
+    MANAGED_ROWS+=("$name|$stop|${sc_exit:-?}|$objs|${gc_exit:-?}|$errs|$outcome")
+    printf '  %-22s sidecar exit: %s; gcsfuse: %s; error file: %s line(s)\n' "$name" "${sc_exit:-?}" "${gc_exit:-?}" "$errs"
+    if [ "$errs" != 0 ]; then
+        grep '^error file: ' "$d/node-driver.out" | head -n 3 | sed 's/^/      /'
+    fi
+}
+
+run_managed() {
+    say ""
+    say "=== Second act: GKE's managed sidecar (the real sidecar mounter v1.24.4, uid 65534, no capabilities)"
+    say "  the node-driver stand-in mounts the volume with fd=N and hands the fd over the sidecar's socket;"
+    say "  the sidecar mounter execs --gcsfuse-path: stock = gcsfuse, relay = drainfs as the gcsfuse drop-in"
+    say "  (real gcsfuse behind it). The workload runs to its end, then the stop comes the GKE way."
+    managed_run stock-native native stock
+    managed_run relay-native native relay
+    managed_run stock-exit-file exit-file stock
+    managed_run relay-exit-file exit-file relay
+    say ""
+    printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' run stop "stop -> sidecar exit" objects "gcsfuse's end" errors "drainfs"
+    local r
+    for r in "${MANAGED_ROWS[@]}"; do
+        IFS='|' read -r a b c e f g h <<<"$r"
+        printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' "$a" "$b" "$c" "$e" "$f" "$g" "$h"
+    done
+    say "  (stop: native = SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE); exit-file = <base>/exit, polled"
+    say "   every 5 s. The sidecar mounter SIGKILLs its child 5 s after its SIGTERM. errors: lines in the"
+    say "   sidecar's error file, which the node driver reports as mount errors. drainfs: its exit code)"
 }
 
 # ---------------------------------------------------------------- go
 
 say ""
-say "The stop arrives at the same moment in every run: while the application is inside close()"
-say "of its last file ($BIG_REL), whose upload is being finalized."
+if [ "$MODE" != managed ]; then
+    say "The stop arrives at the same moment in every run: while the application is inside close()"
+    say "of its last file ($BIG_REL), whose upload is being finalized."
+fi
 
 case "$MODE" in
     with) run_with_drainfs ;;
     without) run_without_drainfs ;;
     compare) run_with_drainfs; run_without_drainfs ;;
+    managed) run_managed ;;
 esac
 
+if [ "$MODE" != managed ]; then
 say ""
 say "=== Objects in the bucket, read back from fake-gcs-server and compared with the source (sha256)"
 say ""
@@ -542,16 +654,18 @@ if [ "$MODE" != without ]; then
 fi
 if [ "$MODE" != with ]; then
     say "  without drainfs: $WITHOUT_APP;"
-    say "                   rclone $WITHOUT_RCLONE and $WITHOUT_MOUNT"
+    say "                   gcsfuse $WITHOUT_LOWER and $WITHOUT_MOUNT"
 fi
 if [ "$MODE" = with ]; then
     say "(scripts/demo.sh with no option also runs the same workload without drainfs, stopped as GKE does)"
 fi
+fi
+[ "$MODE" = compare ] && run_managed
 say ""
 if [ "${DEMO_KEEP:-0}" = 1 ]; then
     say "cleaning up: stopping every process this demo started, unmounting (keeping $WORK)"
 else
     say "cleaning up: stopping every process this demo started, unmounting, removing $WORK"
-    say "(DEMO_KEEP=1 keeps it: drainfs's and rclone's logs, the summaries, the sources)"
+    say "(DEMO_KEEP=1 keeps it: drainfs's and gcsfuse's logs, the summaries, the sources)"
 fi
 say "demo took $(secs $(($(now_ms) - T_START)))"
