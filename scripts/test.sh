@@ -5,8 +5,8 @@
 # fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
 # rustfmt, clippy with -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which
 # really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
-# images (static drainfs, built with umoci and run in runc in the pod's shape), and a smoke run
-# of the benchmark harness.
+# images (static drainfs, built with umoci and run in runc in the pod's shape), and smoke runs
+# of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -82,6 +82,9 @@ bash docker/image/static-root-test.sh
 
 step "benchmark harness, smoke mode"
 bash fuse-tests/bench/run.sh --smoke
+
+step "benchmark against the real gcsfuse and sidecar mounter, smoke mode"
+bash fuse-tests/bench/gcsfuse.sh --smoke --no-build
 
 leftover=$(comm -13 <(echo "$mounts_before") <(fuse_mounts))
 if [[ -n "$leftover" ]]; then

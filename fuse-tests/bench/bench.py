@@ -360,8 +360,9 @@ def parse_fio(path):
     return doc
 
 
-def run_fio(ctx, ini, directory, numjobs, out):
-    cmd = ["fio", "--output-format=json", f"--output={out}", os.path.join(HERE, "fio", ini)]
+def run_fio(ctx, ini, directory, numjobs, out, extra=()):
+    """One fio job file; `extra` are fio options placed before it (global, e.g. --direct=1)."""
+    cmd = ["fio", "--output-format=json", f"--output={out}", *extra, os.path.join(HERE, "fio", ini)]
     r = subprocess.run(cmd, env=fio_env(ctx, directory, numjobs), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=600)
     if r.returncode != 0:

@@ -13,8 +13,6 @@
 # started (by PID, from WORK/pids) and unmounts whatever is still mounted under that dir.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 build=1
 args=()
 for a in "$@"; do
@@ -24,72 +22,8 @@ for a in "$@"; do
         *) args+=("$a") ;;
     esac
 done
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "run.sh: must run as root (mounts a tmpfs; FUSE passthrough needs CAP_SYS_ADMIN)" >&2
-    exit 2
-fi
-for tool in fusermount3 python3 mount umount; do
-    command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 2; }
-done
-if ! command -v fio >/dev/null; then
-    echo "run.sh: installing fio" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y fio >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y fio >/dev/null; }
-fi
-
-if [[ $build -eq 1 ]]; then
-    (cd "$repo" && cargo build --release -p drainfs -p fuse-tests --bins)
-fi
-bin_dir="${CARGO_TARGET_DIR:-$repo/target}/release"
-
-work=$(mktemp -d /tmp/drainfs-bench.XXXXXX)
-chmod 755 "$work"
-py_pid=""
-
-mounts_under() { # mount points under $work, deepest first
-    awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r
-}
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM HUP
-    if [[ -n $py_pid ]] && kill -0 "$py_pid" 2>/dev/null; then
-        kill -TERM "$py_pid" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$py_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$py_pid" 2>/dev/null || true
-    fi
-    # Processes bench.py started, by PID, only if still ours (command line names the work dir).
-    if [[ -f $work/pids ]]; then
-        while read -r pid; do
-            if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' </proc/"$pid"/cmdline | grep -qF "$work/"; then
-                kill -TERM "$pid" 2>/dev/null || true
-                for _ in $(seq 50); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-                [[ -d /proc/$pid ]] && kill -KILL "$pid" 2>/dev/null || true
-            fi
-        done <"$work/pids"
-    fi
-    local m
-    for m in $(mounts_under); do
-        echo "run.sh: unmounting leftover $m" >&2
-        fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-    done
-    if [[ -n $(mounts_under) ]]; then
-        echo "run.sh: MOUNTS LEFT BEHIND under $work:" >&2
-        mounts_under >&2
-        rc=1
-    else
-        rm -rf "$work"
-    fi
-    if grep -qF "$work" /proc/mounts; then rc=1; fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-trap 'exit 129' HUP
-
-# In the background + wait, so a signal to this script runs the trap at once.
-python3 "$here/bench.py" --workdir "$work" --bin-dir "$bin_dir" "${args[@]}" &
-py_pid=$!
-wait "$py_pid"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_init run.sh fusermount3 mount
+bench_workdir drainfs-bench
+bench_python "$here/bench.py" --workdir "$work" --bin-dir "$bin_dir" "${args[@]}"

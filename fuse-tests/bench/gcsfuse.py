@@ -1,0 +1,732 @@
+#!/usr/bin/env python3
+"""drainfs against the real gcsfuse (v3.11.2) on fake-gcs-server: throughput and the
+end-of-Job tail. Python 3 stdlib only; run it through gcsfuse.sh (which builds, makes the work
+directory and cleans up behind it). It reuses bench.py's fio and mdbench runners and process
+tracker, and scripts/lowers.py's fake-gcs-server and gcsfuse command lines.
+
+Part 1, throughput. One fake-gcs-server (memory backend), one bucket, and five targets, each
+its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max-size-mb=-1
+--cache-dir=DIR`, a cache directory per gcsfuse); ten mounts at once:
+
+- `raw`:      gcsfuse on a directory, the application on it;
+- `auto`:     `drainfs run` (default flags: `--passthrough auto`) over gcsfuse on its lower;
+- `never`:    the same with `--passthrough never`;
+- `relay`:    `drainfs relay --socket-buffer 212992` (default `--spin auto`) over gcsfuse on
+              `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI driver makes it
+              (fd=N, the sidecar as uid 65534 without capabilities);
+- `relay-0s`: the same with `--spin 0s`.
+
+fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
+(1 and 4 threads); each repetition runs every case on every target back to back, in an order
+rotated per repetition; medians. Reads use the files fio-r/bench.0..3, laid out once through
+the raw gcsfuse (every target sees the same objects), and run with O_DIRECT (fio --direct=1),
+so that every read reaches gcsfuse on every target: fio's `invalidate=1` drops only the page
+cache of the file it opens, and behind drainfs that is not gcsfuse's, which stayed warm (raw
+gcsfuse re-read every pass from the bucket while drainfs's passthrough read gcsfuse's page cache
+at 10x). drainfs `never` does not pass O_DIRECT on to the lower, so its repeated passes are
+still served from gcsfuse's page cache. With the cache on, every target reads the files once
+before the measurements, so cache-on reads are gcsfuse file-cache hits. Writes (buffered) go to
+a directory per target. Before every job the lower's copies of its files get
+POSIX_FADV_DONTNEED for `auto` and `never` (see drop_lower_cache). The ratios are to raw
+gcsfuse with the same cache setting.
+
+Part 2, the end-of-Job tail through GKE's real sidecar mounter (v1.24.4). Per run: a fresh
+mount made by `fake-node-driver` in its CSI mode (the node driver's part: mount with fd=N, the
+mount config and the fd over the sidecar's socket), the sidecar mounter as uid 65534, an
+application that writes files into the mount (each close() returns once gcsfuse has uploaded)
+and exits, then the stop right after its exit. Arrangements:
+
+- `stock`: `--gcsfuse-path` = gcsfuse (GKE today);
+- `relay`: `--gcsfuse-path` = drainfs as the drop-in (a copy named `gcsfuse`, the real gcsfuse
+  in DRAINFS_REAL_GCSFUSE);
+- `mount`: no sidecar mounter: `drainfs run --native-sidecar` (`--exit-file` for the regular
+  container) over gcsfuse on a directory, as in drainfs's own sidecar container.
+
+The stop is SIGTERM with NATIVE_SIDECAR=TRUE (`--tail-runs` each), and, for `--exit-file-runs`
+runs each, the regular container's exit file (`<base>/exit`, which the sidecar mounter polls
+every 5 s). Measured: the tail = sidecar exit - application exit (ms, p50/p95); bytes lost =
+bytes whose close() returned 0 but are not in the bucket, read back from the server; what the
+sidecar said about gcsfuse's exit; the lines of its error file.
+
+Every process started here is tracked by PID (WORK/pids) for gcsfuse.sh's trap; nothing is
+killed by name.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import bench  # noqa: E402  (fio/mdbench runners, Tracker, formatting)
+import lowers  # noqa: E402  (fake-gcs-server, gcsfuse argv, objects read back from the server)
+from relay import children, proc_cpu_secs  # noqa: E402
+
+log = bench.log
+BenchError = bench.BenchError
+
+SOCKET_BUFFER = 212992
+SIDECAR_UID = 65534
+TARGETS = ["raw", "auto", "never", "relay", "relay-0s"]
+CACHES = ["off", "on"]
+# The issue's targets, as a fraction of raw gcsfuse on every fio job.
+GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-0s": 0.9}
+ARRANGEMENTS = ["stock", "relay", "mount"]
+MD_PHASES = ["create", "stat", "stat_hot", "open_close", "unlink"]
+
+PROFILES = {
+    "full": dict(reps=3, runtime="5s", ramp="1s", size="64M", md_files=500, numjobs=[1, 4], md_threads=[1, 4],
+                 tail_runs=20, exit_file_runs=5, tail_files=4, tail_file_size=8 << 20),
+    "smoke": dict(reps=1, runtime="300ms", ramp="0", size="4M", md_files=16, numjobs=[1], md_threads=[1],
+                  tail_runs=1, exit_file_runs=0, tail_files=2, tail_file_size=1 << 20),
+}
+
+
+def pct(xs, q):
+    """The q-quantile (0..1) of xs, nearest rank."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def wait_for(cond, timeout, what, proc=None, log_path=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise BenchError(f"{what}: the process exited ({proc.returncode}); see {log_path}")
+        time.sleep(0.01)
+    raise BenchError(f"{what}: not within {timeout} s; see {log_path}")
+
+
+def statfs_within(path, timeout):
+    """statvfs(path) in a thread (a FUSE mount whose daemon has not answered INIT blocks it)."""
+    done = threading.Event()
+    err = []
+
+    def go():
+        try:
+            os.statvfs(path)
+        except OSError as e:
+            err.append(e)
+        done.set()
+
+    threading.Thread(target=go, daemon=True).start()
+    return done.wait(timeout) and not err
+
+
+class Ctx:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+
+
+class Target:
+    """One gcsfuse and whatever is in front of it, mounted at self.mnt."""
+
+    def __init__(self, ctx, name, cache):
+        self.ctx, self.name, self.cache = ctx, name, cache
+        self.key = f"{cache}/{name}"
+        self.dir = os.path.join(ctx.work, "t", f"{cache}-{name}")
+        self.mnt = os.path.join(self.dir, "mnt")
+        self.lower = os.path.join(self.dir, "lower")
+        self.summary_path = os.path.join(self.dir, "summary.json")
+        self.log_path = os.path.join(ctx.logs, f"{cache}-{name}.log")
+        self.gcsfuse_log = os.path.join(self.dir, "gcsfuse.log")
+        self.proc = None
+        self.lines = []
+        for d in (self.dir, self.mnt, self.lower):
+            os.makedirs(d, exist_ok=True)
+        self.sidecar = name.startswith("relay")
+        if self.sidecar:
+            os.chown(self.dir, SIDECAR_UID, SIDECAR_UID)
+            open(self.gcsfuse_log, "a").close()
+            os.chown(self.gcsfuse_log, SIDECAR_UID, SIDECAR_UID)
+
+    def gcsfuse_argv(self, mountpoint):
+        extra = []
+        if self.cache == "on":
+            cache_dir = os.path.join(self.dir, "cache")
+            os.makedirs(cache_dir, exist_ok=True)
+            if self.sidecar:
+                os.chown(cache_dir, SIDECAR_UID, SIDECAR_UID)
+            extra = ["--file-cache-max-size-mb=-1", f"--cache-dir={cache_dir}"]
+        return lowers.mount_argv("gcsfuse", self.ctx.lowers_dir, mountpoint, self.gcsfuse_log, extra)
+
+    def start(self):
+        logf = open(self.log_path, "ab")
+        ready = os.path.join(self.dir, "ready")
+        if self.name == "raw":
+            cmd = self.gcsfuse_argv(self.mnt)
+        elif self.name in ("auto", "never"):
+            cmd = [self.ctx.drainfs, "run", "--lower", self.lower, "--mountpoint", self.mnt,
+                   "--summary-file", self.summary_path, "--ready-file", ready]
+            if self.name == "never":
+                cmd += ["--passthrough", "never"]
+            cmd += ["--", *self.gcsfuse_argv(self.lower)]
+        else:
+            spin = ["--spin", "0s"] if self.name == "relay-0s" else []
+            cmd = [self.ctx.fake_node_driver, "--mountpoint", self.mnt, "--ready-timeout", "60s", "--",
+                   self.ctx.drainfs, "relay", "--socket-buffer", str(SOCKET_BUFFER),
+                   "--summary-file", self.summary_path, *spin, "--", *self.gcsfuse_argv("/dev/fd/3")]
+        logf.write(("$ " + " ".join(cmd) + "\n").encode())
+        logf.flush()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if self.sidecar else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE if self.sidecar else logf, stderr=logf,
+                                     restore_signals=True, start_new_session=True)
+        logf.close()
+        self.ctx.tracker.add(self.proc.pid)
+        if self.sidecar:
+            ev = threading.Event()
+
+            def reader():
+                for raw in self.proc.stdout:
+                    line = raw.decode(errors="replace").strip()
+                    self.lines.append(line)
+                    if line == "ready":
+                        ev.set()
+
+            threading.Thread(target=reader, daemon=True).start()
+            wait_for(ev.is_set, 60, f"{self.key}: fake-node-driver ready", self.proc, self.log_path)
+        elif self.name == "raw":
+            wait_for(lambda: (lowers.mountinfo_entry(self.mnt) or {}).get("fstype") == "fuse.gcsfuse", 60,
+                     f"{self.key}: gcsfuse mounted", self.proc, self.log_path)
+        else:
+            wait_for(lambda: os.path.exists(ready), 60, f"{self.key}: drainfs ready", self.proc, self.log_path)
+        os.statvfs(self.mnt)
+        return self
+
+    def drainfs_pid(self):
+        """The drainfs process (run or relay) of this target, or None for raw."""
+        if self.name == "raw":
+            return None
+        if self.name in ("auto", "never"):
+            return self.proc.pid
+        c = children(self.proc.pid)
+        return c[0] if c else None
+
+    def data_path(self):
+        """drainfs's data-path decision from its log (`data path ...` line), for the table."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                for line in f:
+                    if "data path" in line:
+                        return line.strip()
+        except OSError:
+            pass
+        return ""
+
+    def stop(self, timeout=40.0):
+        """Stops the target and checks that it ended cleanly; returns a short description."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return "not running"
+        if self.name == "raw":
+            # Unmounting ends gcsfuse's connection: it exits 0 by end-of-stream.
+            r = subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.PIPE)
+            if r.returncode != 0:
+                self.ctx.tracker.signal(p.pid, signal.SIGINT)
+        elif self.sidecar:
+            p.stdin.close()  # stdin EOF: fake-node-driver stops the sidecar as on SIGTERM
+        else:
+            self.ctx.tracker.signal(p.pid, signal.SIGTERM)
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.ctx.tracker.signal(p.pid, signal.SIGKILL)
+            rc = p.wait()
+            raise BenchError(f"{self.key}: did not exit within {timeout} s of its stop")
+        finally:
+            self.ctx.tracker.reaped(p.pid)
+            if lowers.mountinfo_entry(self.mnt) or lowers.mountinfo_entry(self.lower):
+                lowers.unmount(self.mnt)
+                lowers.unmount(self.lower)
+                raise BenchError(f"{self.key}: a mount was left behind")
+        if rc != 0:
+            raise BenchError(f"{self.key}: exited {rc} (lines {self.lines}); see {self.log_path}")
+        return next((x for x in self.lines if x.startswith("sidecar exit:")), f"exit {rc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# part 1: fio and mdbench
+
+
+def fio_dirs(t, root=None):
+    root = root or t.mnt
+    return os.path.join(root, "fio-r"), os.path.join(root, f"fio-w-{t.cache}-{t.name}")
+
+
+def drop_lower_cache(t, which, nj):
+    """fio's `invalidate=1` drops the page cache of the files it opens, which behind drainfs
+    are drainfs's; the page cache of gcsfuse's files underneath (where kernel passthrough reads
+    and writes, and drainfs's own reads go) would stay warm from the previous job, while raw
+    gcsfuse's is dropped. So for `auto` and `never` the same files on the lower get
+    POSIX_FADV_DONTNEED too: every job on every target starts with gcsfuse's files uncached."""
+    if t.name not in ("auto", "never"):
+        return
+    d = fio_dirs(t, t.lower)[which]
+    for i in range(nj):
+        try:
+            fd = os.open(os.path.join(d, f"bench.{i}"), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def part_throughput(ctx, raw):
+    targets = {}
+    try:
+        for cache in CACHES:
+            for name in TARGETS:
+                t = Target(ctx, name, cache)
+                targets[t.key] = t
+                t.start()
+                log(f"{t.key}: serving at {t.mnt}")
+                if t.key == "off/raw":
+                    # The read files, laid out once through raw gcsfuse before the others mount.
+                    rdir, _ = fio_dirs(t)
+                    os.makedirs(rdir)
+                    r = subprocess.run(["fio", "--create_only=1", "--output=/dev/null",
+                                        os.path.join(HERE, "fio", "seq-read.ini")],
+                                       env=bench.fio_env(ctx, rdir, max(ctx.p["numjobs"])),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    if r.returncode != 0:
+                        raise BenchError("fio layout failed: " + r.stdout.decode(errors="replace"))
+        for t in targets.values():
+            os.makedirs(fio_dirs(t)[1], exist_ok=True)
+            raw["data_path"][t.key] = t.data_path()
+            if t.cache == "on":
+                # Every read file once: the measurements are cached reads.
+                rdir = fio_dirs(t)[0]
+                for i in range(max(ctx.p["numjobs"])):
+                    with open(os.path.join(rdir, f"bench.{i}"), "rb") as f:
+                        while f.read(1 << 20):
+                            pass
+        cpu0 = {k: proc_cpu_secs(t.drainfs_pid()) for k, t in targets.items() if t.drainfs_pid()}
+
+        n_total = ctx.p["reps"] * len(CACHES) * len(bench.FIO_JOBS) * len(ctx.p["numjobs"]) * len(TARGETS)
+        i = 0
+        for rep in range(ctx.p["reps"]):
+            order = TARGETS[rep % len(TARGETS):] + TARGETS[:rep % len(TARGETS)]
+            for cache in CACHES:
+                for key, ini, direction, unit in bench.FIO_JOBS:
+                    for nj in ctx.p["numjobs"]:
+                        for name in order:
+                            t = targets[f"{cache}/{name}"]
+                            i += 1
+                            which = 0 if direction == "read" else 1
+                            d = fio_dirs(t)[which]
+                            drop_lower_cache(t, which, nj)
+                            out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{cache}-{name}-rep{rep}.json")
+                            extra = ["--direct=1"] if direction == "read" else []
+                            v = bench.fio_value(bench.run_fio(ctx, ini, d, nj, out, extra), direction, unit)
+                            raw["fio"].setdefault(f"{cache}/{key}/nj{nj}/{name}", []).append(v)
+                            log(f"fio {i}/{n_total} rep{rep} cache {cache} {key} nj{nj} {name}: {v:,.1f} {unit} "
+                                f"(load {bench.loadavg()})")
+            for cache in CACHES:
+                for th in ctx.p["md_threads"]:
+                    for name in order:
+                        t = targets[f"{cache}/{name}"]
+                        doc = bench.run_mdbench(ctx, t.mnt, ctx.p["md_files"], th, f"{cache}-{name}-t{th}-rep{rep}")
+                        for ph in MD_PHASES:
+                            raw["md"].setdefault(f"{cache}/{ph}/t{th}/{name}", []).append(doc["phases"][ph]["us_per_op"])
+                        log(f"mdbench rep{rep} cache {cache} {th}T {name}: "
+                            + ", ".join(f"{ph} {doc['phases'][ph]['us_per_op']:.0f}us" for ph in MD_PHASES))
+        for k, t in targets.items():
+            pid = t.drainfs_pid()
+            if pid:
+                raw["drainfs_cpu_s"][k] = proc_cpu_secs(pid) - cpu0.get(k, 0.0)
+    finally:
+        errors = []
+        for t in reversed(list(targets.values())):
+            try:
+                raw["stops"][t.key] = t.stop()
+            except BenchError as e:
+                errors.append(str(e))
+        if errors:
+            raise BenchError("; ".join(errors))
+
+
+# ---------------------------------------------------------------------------------------------
+# part 2: the end-of-Job tail
+
+# The application: writes N files of SIZE bytes into DIR, one after the other, and prints one
+# JSON line per file (name, size, sha256, whether write+close succeeded, the errno if not).
+APP = r"""
+import hashlib, json, os, sys
+d, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(d, exist_ok=True)
+for i in range(n):
+    data = os.urandom(size)
+    name = f"f{i}.bin"
+    rec = {"name": name, "size": size, "sha256": hashlib.sha256(data).hexdigest(), "closed": False}
+    try:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+        rec["closed"] = True
+    except OSError as e:
+        rec["errno"] = e.errno
+    print(json.dumps(rec), flush=True)
+"""
+
+# What the sidecar mounter's node-driver part and the GKE volume pass: the gcsfuse flags
+# fake-gcs-server needs (lowers.GCSFUSE_FLAGS without --foreground, which the sidecar adds) and
+# metrics off (disable-metrics-for-gke:true also drops the sidecar's --prometheus-port).
+def sidecar_mount_options(ctx):
+    port = ctx.server["port"]
+    opts = [f.lstrip("-") for f in lowers.GCSFUSE_FLAGS if f != "--foreground"]
+    return opts + [f"custom-endpoint=http://localhost:{port}/storage/v1/", "disable-metrics-for-gke:true"]
+
+
+def tail_run(ctx, arr, stop, n):
+    """One Job end. Returns a dict with the tail (ms), bytes written/lost, statuses, error lines."""
+    tag = f"{arr}-{stop}-{n}"
+    d = os.path.join(ctx.work, "tail", tag)
+    mnt, base, lower = (os.path.join(d, x) for x in ("mnt", "base", "lower"))
+    for x in (d, mnt, base, lower):
+        os.makedirs(x, exist_ok=True)
+    os.chown(d, SIDECAR_UID, SIDECAR_UID)
+    logp = os.path.join(ctx.logs, f"tail-{tag}.log")
+    logf = open(logp, "ab")
+    summary = os.path.join(d, "summary.json")
+    prefix = f"tail/{tag}"
+    env = dict(os.environ)
+    if arr == "mount":
+        ready = os.path.join(d, "ready")
+        exit_file = os.path.join(d, "exit")
+        trig = ["--native-sidecar"] if stop == "native" else ["--exit-file", exit_file]
+        cmd = [ctx.drainfs, "run", "--lower", lower, "--mountpoint", mnt, "--summary-file", summary,
+               "--ready-file", ready, *trig, "--",
+               *lowers.mount_argv("gcsfuse", ctx.lowers_dir, lower, os.path.join(d, "gcsfuse.log"))]
+    else:
+        vol = f"drainfs-bench-{os.getpid()}-{tag}"
+        with open(os.path.join(ctx.work, "global-dirs"), "a") as f:
+            f.write(f"/gcsfuse-tmp/.volumes/{vol}\n/gcsfuse-buffer/.volumes/{vol}\n")
+        gcsfuse_path = ctx.gcsfuse if arr == "stock" else ctx.dropin
+        env["DRAINFS_REAL_GCSFUSE"] = ctx.gcsfuse
+        env["DRAINFS_SUMMARY_FILE"] = summary
+        cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
+               "--bucket", ctx.server["bucket"], "--stop", "native" if stop == "native" else "exit-file",
+               "--grace-period", "30s", "--ready-timeout", "60s"]
+        for o in sidecar_mount_options(ctx):
+            cmd += ["--mount-option", o]
+        cmd += ["--", ctx.sidecar_mounter, f"--gcsfuse-path={gcsfuse_path}"]
+    logf.write(("$ " + " ".join(cmd) + "\n").encode())
+    logf.flush()
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE if arr != "mount" else logf,
+                         stderr=logf, env=env, restore_signals=True, start_new_session=True)
+    logf.close()
+    ctx.tracker.add(p.pid)
+    lines = []
+    ev = threading.Event()
+    if arr != "mount":
+        def reader():
+            for rawl in p.stdout:
+                line = rawl.decode(errors="replace").strip()
+                lines.append(line)
+                if line == "ready":
+                    ev.set()
+        threading.Thread(target=reader, daemon=True).start()
+    res = {"arrangement": arr, "stop": stop, "run": n}
+    try:
+        if arr == "mount":
+            wait_for(lambda: os.path.exists(ready), 60, f"tail {tag}: drainfs ready", p, logp)
+        else:
+            wait_for(ev.is_set, 60, f"tail {tag}: ready", p, logp)
+        if not statfs_within(mnt, 30):
+            raise BenchError(f"tail {tag}: the mount does not answer")
+        app = subprocess.run([sys.executable, "-c", APP, os.path.join(mnt, prefix), str(ctx.p["tail_files"]),
+                              str(ctx.p["tail_file_size"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=300)
+        t_app = time.monotonic()
+        # The stop, right after the application's exit.
+        if arr == "mount":
+            if stop == "native":
+                os.kill(p.pid, signal.SIGTERM)
+            else:
+                with open(exit_file + ".tmp", "w"):
+                    pass
+                os.rename(exit_file + ".tmp", exit_file)
+        else:
+            p.stdin.close()
+        t_stop = time.monotonic()
+        rc = p.wait(60)
+        t_exit = time.monotonic()
+        ctx.tracker.reaped(p.pid)
+        recs = [json.loads(x) for x in app.stdout.decode().splitlines() if x.strip()]
+        if app.returncode != 0 or len(recs) != ctx.p["tail_files"]:
+            raise BenchError(f"tail {tag}: the application failed ({app.returncode}): {app.stderr.decode()[-500:]}")
+        if arr == "mount":
+            res["tail_ms"] = (t_exit - t_app) * 1000
+            res["sidecar_exit"] = str(rc)
+        else:
+            ex = next((x for x in lines if x.startswith("sidecar exit: ")), None)
+            if ex is None:
+                raise BenchError(f"tail {tag}: no `sidecar exit` line: {lines}")
+            status, _, ms = ex[len("sidecar exit: "):].rpartition(" after ")
+            # fake-node-driver counts from its stop (the SIGTERM or the exit file) to the
+            # sidecar's exit; add the time from the application's exit to that stop.
+            res["tail_ms"] = (t_stop - t_app) * 1000 + float(ms.split()[0])
+            res["sidecar_exit"] = status
+            # What the sidecar mounter said of its child (gcsfuse, or the drop-in).
+            res["sidecar_child"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
+            res["gcsfuse_exit"] = res["sidecar_child"]
+            res["error_lines"] = [x[len("error file: "):] for x in lines if x.startswith("error file: ")]
+            res["fnd_exit"] = rc
+        try:
+            with open(summary) as f:
+                s = json.load(f)
+            res["drainfs_exit"] = s.get("exit_code")
+            le = s.get("lower_exit")
+            if arr in ("mount", "relay"):  # the real gcsfuse behind drainfs, as drainfs saw it
+                res["gcsfuse_exit"] = json.dumps(le) if not isinstance(le, str) else le
+        except (OSError, ValueError):
+            pass
+        objs = lowers.objects("gcsfuse", ctx.lowers_dir, prefix=prefix + "/")
+        written = lost = 0
+        for r in recs:
+            if not r["closed"]:
+                continue
+            written += r["size"]
+            o = objs.get(f"{prefix}/{r['name']}")
+            if o is None or o["sha256"] != r["sha256"] or o["size"] != r["size"]:
+                lost += r["size"]
+        res["bytes_closed"], res["bytes_lost"] = written, lost
+        res["close_failed"] = sum(1 for r in recs if not r["closed"])
+        return res
+    finally:
+        if p.poll() is None:
+            ctx.tracker.signal(p.pid, signal.SIGTERM)
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                ctx.tracker.signal(p.pid, signal.SIGKILL)
+                p.wait()
+            ctx.tracker.reaped(p.pid)
+        for m in (mnt, lower):
+            if lowers.mountinfo_entry(m):
+                lowers.unmount(m)
+                res["left_mounted"] = True
+
+
+def part_tail(ctx, raw):
+    # The drop-in: drainfs under the name gcsfuse (the sidecar runs it as uid 65534).
+    os.makedirs(os.path.dirname(ctx.dropin), exist_ok=True)
+    shutil.copy2(ctx.drainfs, ctx.dropin)
+    plan = [("native", ctx.p["tail_runs"]), ("exit-file", ctx.p["exit_file_runs"])]
+    for stop, runs in plan:
+        for n in range(runs):
+            for k in range(len(ARRANGEMENTS)):
+                arr = ARRANGEMENTS[(n + k) % len(ARRANGEMENTS)]
+                r = tail_run(ctx, arr, stop, n)
+                raw["tail"].append(r)
+                log(f"tail {stop} {n + 1}/{runs} {arr}: {r['tail_ms']:.0f} ms, lost {r['bytes_lost']} B, "
+                    f"sidecar exit {r.get('sidecar_exit')}, gcsfuse {r.get('gcsfuse_exit')}, "
+                    f"{len(r.get('error_lines', []))} error-file lines")
+                if r.get("left_mounted"):
+                    raise BenchError(f"tail {arr} {stop} {n}: a mount was left behind")
+
+
+# ---------------------------------------------------------------------------------------------
+# table
+
+
+def render(rows):
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = [" | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+           for r in rows]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def throughput_table(ctx, raw):
+    f = bench.fmt_num
+    rows = [["metric", "raw gcsfuse"] + [f"{t}" for t in TARGETS[1:]] + ["ratios " + " / ".join(TARGETS[1:]), "goal met (0.95x mount, 0.9x relay)"]]
+    for cache in CACHES:
+        for key, _, _, unit in bench.FIO_JOBS:
+            for nj in ctx.p["numjobs"]:
+                m = {t: raw["fio"].get(f"{cache}/{key}/nj{nj}/{t}") for t in TARGETS}
+                m = {t: statistics.median(v) if v else None for t, v in m.items()}
+                ratios = {t: (m[t] / m["raw"]) if m[t] is not None and m["raw"] else None for t in TARGETS[1:]}
+                miss = [t for t in TARGETS[1:] if ratios[t] is not None and ratios[t] < GOAL[t]]
+                rows.append([f"cache {cache}: fio {key} nj{nj} ({unit})", f(m["raw"])] + [f(m[t]) for t in TARGETS[1:]]
+                            + [" / ".join(f(ratios[t]) for t in TARGETS[1:]), "yes" if not miss else "NO: " + ", ".join(miss)])
+        for th in ctx.p["md_threads"]:
+            for ph in MD_PHASES:
+                m = {t: raw["md"].get(f"{cache}/{ph}/t{th}/{t}") for t in TARGETS}
+                m = {t: statistics.median(v) if v else None for t, v in m.items()}
+                # us/op: the ratio is raw's time over the target's (higher is better, as for fio).
+                ratios = {t: (m["raw"] / m[t]) if m[t] else None for t in TARGETS[1:]}
+                rows.append([f"cache {cache}: mdbench {ph} {th}T (us/op)", f(m["raw"])] + [f(m[t]) for t in TARGETS[1:]]
+                            + [" / ".join(f(ratios[t]) for t in TARGETS[1:]), ""])
+    rows.append(["drainfs CPU s over part 1", ""] + [f(raw["drainfs_cpu_s"].get(f"off/{t}")) + " / " + f(raw["drainfs_cpu_s"].get(f"on/{t}"))
+                                                     for t in TARGETS[1:]] + ["cache off / on", ""])
+    return render(rows)
+
+
+def tail_table(ctx, raw):
+    rows = [["stop", "arrangement", "runs", "tail p50 (ms)", "tail p95 (ms)", "max (ms)", "bytes closed", "bytes lost",
+             "sidecar exit", "the sidecar on its child", "gcsfuse exit", "error-file lines"]]
+    for stop in ("native", "exit-file"):
+        for arr in ARRANGEMENTS:
+            rs = [r for r in raw["tail"] if r["arrangement"] == arr and r["stop"] == stop]
+            if not rs:
+                continue
+            ms = [r["tail_ms"] for r in rs]
+
+            def counts(k):
+                c = {}
+                for r in rs:
+                    c[str(r.get(k))] = c.get(str(r.get(k)), 0) + 1
+                return ", ".join(f"{v}x {k2}" for k2, v in sorted(c.items(), key=lambda kv: -kv[1]))
+            err = {}
+            for r in rs:
+                for line in r.get("error_lines", []):
+                    err[line[:80]] = err.get(line[:80], 0) + 1
+            rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct(ms, 0.5):.0f}",
+                         f"{pct(ms, 0.95):.0f}", f"{max(ms):.0f}", sum(r["bytes_closed"] for r in rs),
+                         sum(r["bytes_lost"] for r in rs), counts("sidecar_exit"),
+                         counts("sidecar_child") if arr != "mount" else "-", counts("gcsfuse_exit"),
+                         "; ".join(f"{v}x {k}" for k, v in err.items()) if arr != "mount" else "(no sidecar)"])
+    return render(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", required=True, help="empty scratch directory (gcsfuse.sh makes it and cleans it up)")
+    ap.add_argument("--bin-dir", required=True, help="directory holding drainfs, mdbench and fake-node-driver")
+    ap.add_argument("--results", help="results directory (default fuse-tests/bench/results/gcsfuse-<time>[-smoke])")
+    ap.add_argument("--smoke", action="store_true", help="every part once with tiny sizes (CI)")
+    ap.add_argument("--reps", type=int, help="repetitions of part 1 (default 3, smoke 1)")
+    ap.add_argument("--runtime", help="fio runtime per job (default 5s, smoke 300ms)")
+    ap.add_argument("--ramp", help="fio ramp time (default 1s, smoke 0)")
+    ap.add_argument("--size", help="fio file size per job (default 64M, smoke 4M)")
+    ap.add_argument("--md-files", type=int, help="mdbench files (default 500, smoke 16)")
+    ap.add_argument("--numjobs", help="fio numjobs, comma-separated (default 1,4, smoke 1)")
+    ap.add_argument("--md-threads", help="mdbench threads, comma-separated (default 1,4, smoke 1)")
+    ap.add_argument("--tail-runs", type=int, help="tail runs per arrangement, native SIGTERM (default 20, smoke 1)")
+    ap.add_argument("--exit-file-runs", type=int, help="tail runs per arrangement, exit file (default 5, smoke 0)")
+    ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("gcsfuse bench: must run as root")
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, lambda *_: sys.exit(143))
+
+    ctx = Ctx()
+    ctx.profile = "smoke" if a.smoke else "full"
+    ctx.p = dict(PROFILES[ctx.profile])
+    for k in ("reps", "runtime", "ramp", "size", "md_files", "tail_runs", "exit_file_runs"):
+        if getattr(a, k) is not None:
+            ctx.p[k] = getattr(a, k)
+    for k in ("numjobs", "md_threads"):
+        if getattr(a, k):
+            ctx.p[k] = [int(x) for x in getattr(a, k).split(",")]
+    parts = set(a.parts.split(","))
+    ctx.work = os.path.abspath(a.workdir)
+    ctx.logs = os.path.join(ctx.work, "logs")
+    ctx.lowers_dir = os.path.join(ctx.work, "lowers")
+    os.makedirs(ctx.logs, exist_ok=True)
+    # Private copies (a concurrent cargo build must not swap them mid-run), readable by uid 65534.
+    bindir = os.path.join(ctx.work, "bin")
+    os.makedirs(bindir)
+    for name in ("drainfs", "mdbench", "fake-node-driver"):
+        src = os.path.join(a.bin_dir, name)
+        if not os.access(src, os.X_OK):
+            sys.exit(f"gcsfuse bench: {src} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
+        setattr(ctx, name.replace("-", "_"), shutil.copy2(src, os.path.join(bindir, name)))
+    ctx.dropin = os.path.join(ctx.work, "dropin", "gcsfuse")
+    try:
+        ctx.gcsfuse = lowers.binary("gcsfuse")
+        ctx.sidecar_mounter = lowers.binary("gcs-fuse-csi-driver-sidecar-mounter")
+        lowers.binary("fake-gcs-server")
+    except lowers.LowersError as e:
+        sys.exit(f"gcsfuse bench: {e}")
+    ctx.results = a.results or os.path.join(HERE, "results", "gcsfuse-" + time.strftime("%Y%m%d-%H%M%S")
+                                            + ("-smoke" if a.smoke else ""))
+    os.makedirs(ctx.results, exist_ok=True)
+    ctx.tracker = bench.Tracker(ctx.work)
+    versions = {
+        "gcsfuse": subprocess.run([ctx.gcsfuse, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
+        "sidecar_mounter": "gcs-fuse-csi-driver v1.24.4 (scripts/install-lowers.sh)",
+        "fio": subprocess.run(["fio", "--version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
+        "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
+                                   text=True).stdout.strip(),
+    }
+    raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "stops": {}, "data_path": {}, "tail": []}
+    t0 = time.monotonic()
+    load_start = bench.loadavg()
+    ok = False
+    try:
+        ctx.server = lowers.start_server("gcsfuse", ctx.lowers_dir)
+        ctx.tracker.add(ctx.server["pid"])
+        log(f"profile {ctx.profile}: {ctx.p}; fake-gcs-server on port {ctx.server['port']}; work dir {ctx.work}")
+        if "throughput" in parts:
+            part_throughput(ctx, raw)
+        if "tail" in parts:
+            part_tail(ctx, raw)
+        ok = True
+    except BenchError as e:
+        log(f"FAILED: {e}")
+    except Exception:  # noqa: BLE001 -- report, clean up, still write what we have
+        import traceback
+        log("FAILED:\n" + traceback.format_exc())
+    except (KeyboardInterrupt, SystemExit):
+        log("interrupted")
+    finally:
+        try:
+            lowers.stop(ctx.lowers_dir)
+        except Exception as e:  # noqa: BLE001
+            log(f"stopping fake-gcs-server: {e}")
+
+    elapsed = time.monotonic() - t0
+    header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on fake-gcs-server (memory backend), "
+              f"{ctx.profile}: {ctx.p['reps']} reps interleaved, medians; fio {ctx.p['runtime']} (ramp {ctx.p['ramp']}) "
+              f"x {ctx.p['size']}/job; mdbench {ctx.p['md_files']} files; kernel {platform.release()}, {os.cpu_count()} CPUs; "
+              f"{elapsed:.0f} s; loadavg start {load_start}, end {bench.loadavg()}; git {versions['git_head']}")
+    out = [header]
+    if raw["fio"]:
+        out += ["", "Part 1: throughput (ratios to raw gcsfuse with the same cache setting)", throughput_table(ctx, raw)]
+        dp = raw["data_path"].get("off/auto")
+        if dp:
+            out.append("drainfs auto on fuse.gcsfuse: " + dp[-220:])
+    if raw["tail"]:
+        out += ["", f"Part 2: end-of-Job tail through the real sidecar mounter ({ctx.p['tail_files']} files x "
+                f"{ctx.p['tail_file_size'] >> 20} MiB, stop right after the application's exit)", tail_table(ctx, raw)]
+    table = "\n".join(out)
+    print(table)
+    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(ctx.results, "results.json"), "w") as f:
+        json.dump({"meta": {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed,
+                            "versions": versions, "loadavg_start": load_start}, "raw": raw}, f, indent=1, sort_keys=True)
+    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    log(f"results in {ctx.results}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
