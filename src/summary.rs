@@ -386,6 +386,24 @@ mod tests {
                 assert!(known.contains_key(k), "{section}.{k} is not in the schema");
             }
         }
+        // outstanding_at_force: null or an object with exactly the counts' fields.
+        let known = props["outstanding_at_force"]["oneOf"][1]["properties"]
+            .as_object()
+            .unwrap();
+        let counts = serde_json::to_value(crate::accounting::Outstanding::default()).unwrap();
+        let counts = counts.as_object().unwrap();
+        for k in counts.keys() {
+            assert!(
+                known.contains_key(k),
+                "outstanding_at_force.{k} is not in the schema"
+            );
+        }
+        for k in known.keys() {
+            assert!(
+                counts.contains_key(k),
+                "outstanding_at_force.{k} is not in the summary"
+            );
+        }
     }
 
     #[test]
