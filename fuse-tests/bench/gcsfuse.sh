@@ -2,7 +2,7 @@
 # drainfs against the real gcsfuse (v3.11.2) on fake-gcs-server, and the end-of-Job tail through
 # GKE's real sidecar mounter (gcs-fuse-csi-driver v1.24.4). See gcsfuse.py and README.md.
 #
-#   fuse-tests/bench/gcsfuse.sh            full run (about 50 minutes on a quiet 2-vCPU VM)
+#   fuse-tests/bench/gcsfuse.sh            full run (about 40 minutes on a quiet 2-vCPU VM)
 #   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: every part once, tiny sizes (about a minute)
 #
 # Other options go to gcsfuse.py (--reps, --runtime, --ramp, --size, --md-files, --numjobs 1,4,
