@@ -3,6 +3,7 @@
 
 pub mod bucket;
 pub mod csi;
+pub mod fileops;
 pub mod harness;
 pub mod lowers;
 pub mod pod;

@@ -9,7 +9,6 @@
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::IntoRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -17,60 +16,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fuse_tests::bucket::{read_events, wait_for_event};
+use fuse_tests::fileops::{close, errno_name, names, pattern, show, write_file};
 use fuse_tests::harness::{is_mounted, wait_until};
 use fuse_tests::relay::{Daemon, Sidecar, Via, find_key, pid_exists, proc_status_field};
 
 /// The relay with no extra options.
 fn relay() -> Via {
     Via::Relay(Vec::new())
-}
-
-/// `len` bytes of a deterministic pseudo-random pattern (xorshift64, seeded by `seed`).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// The errno name of an I/O error (`ENOENT`...), or its text when it has no errno.
-fn errno_name(e: &io::Error) -> String {
-    match e.raw_os_error() {
-        Some(n) => format!("{:?}", nix::errno::Errno::from_raw(n)),
-        None => e.to_string(),
-    }
-}
-
-/// `Ok(v)` as `v`, an error as its errno name.
-fn show<T: std::fmt::Debug>(r: io::Result<T>) -> String {
-    match r {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => errno_name(&e),
-    }
-}
-
-/// `close(2)` of a file, returning its result (dropping a `File` ignores it).
-fn close(f: File) -> io::Result<()> {
-    let fd = f.into_raw_fd();
-    // SAFETY: `fd` was just released by `into_raw_fd`, so it is open and owned by nobody else.
-    if unsafe { libc::close(fd) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Writes `data` to a new file at `path` and closes it, returning close's result.
-fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    let mut f = File::create(path)?;
-    f.write_all(data)?;
-    close(f)
 }
 
 /// A C string of a path.
@@ -128,15 +80,6 @@ fn listxattr(p: &Path) -> io::Result<Vec<String>> {
         .collect();
     names.sort();
     Ok(names)
-}
-
-/// Sorted entry names of a directory.
-fn names(dir: &Path) -> io::Result<Vec<String>> {
-    let mut v: Vec<String> = fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<io::Result<_>>()?;
-    v.sort();
-    Ok(v)
 }
 
 /// The same file-operation script, run on a mount; one result line per step (values, or the

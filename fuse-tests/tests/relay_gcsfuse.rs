@@ -18,13 +18,13 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::IntoRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fuse_tests::csi::{CsiSidecar, Gcsfuse, Stop};
+use fuse_tests::fileops::{close, names, pattern, show, write_file};
 use fuse_tests::harness::wait_until;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
 use fuse_tests::relay::{Daemon, Sidecar, Via, pid_exists, proc_status_field};
@@ -34,54 +34,6 @@ use nix::unistd::Pid;
 
 // ------------------------------------------------------------------------------------------
 // Helpers.
-
-/// `len` bytes of a deterministic pseudo-random pattern (xorshift64, seeded by `seed`).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// The errno name of an I/O error (`ENOENT`...), or its text when it has no errno.
-fn errno_name(e: &io::Error) -> String {
-    match e.raw_os_error() {
-        Some(n) => format!("{:?}", nix::errno::Errno::from_raw(n)),
-        None => e.to_string(),
-    }
-}
-
-/// `Ok(v)` as `v`, an error as its errno name.
-fn show<T: std::fmt::Debug>(r: io::Result<T>) -> String {
-    match r {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => errno_name(&e),
-    }
-}
-
-/// `close(2)` of a file, returning its result (dropping a `File` ignores it).
-fn close(f: File) -> io::Result<()> {
-    let fd = f.into_raw_fd();
-    // SAFETY: `fd` was just released by `into_raw_fd`, so it is open and owned by nobody else.
-    if unsafe { libc::close(fd) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Writes `data` to a new file at `path` and closes it, returning close's result.
-fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    let mut f = File::create(path)?;
-    f.write_all(data)?;
-    close(f)
-}
 
 /// The stock gcsfuse command on `/dev/fd/3` against `server`, with extra flags.
 fn gcsfuse(server: &Server, extra: &[&str]) -> Daemon {
@@ -252,15 +204,6 @@ fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {
             "{key} was closed with 0 but is not complete in the bucket: {objects:#?}"
         );
     }
-}
-
-/// Sorted entry names of a directory.
-fn names(dir: &Path) -> io::Result<Vec<String>> {
-    let mut v: Vec<String> = fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<io::Result<_>>()?;
-    v.sort();
-    Ok(v)
 }
 
 /// One workload over gcsfuse, one result line per step (values or the errno name); inode
