@@ -263,11 +263,23 @@ pub struct Outcome {
     pub failed_flushes: usize,
     /// drainfs could not mount or serve.
     pub failed: bool,
+    /// What was outstanding when the lower's process had to be SIGKILLed
+    /// ([`Machine::outstanding_at_kill`]).
+    pub outstanding_at_kill: Option<Outstanding>,
+    /// A close of the lower fds drainfs held did not finish within its budget: its result (an
+    /// upload) is unknown.
+    pub closes_unfinished: bool,
 }
 
 /// The exit status for an outcome: 69 when the lower died or stopped uncleanly on its own;
-/// 75 when work was outstanding at a force, a flush failed, or the lower was SIGKILLed;
-/// 1 when drainfs itself failed; else 0.
+/// 75 when work was outstanding at a force, a flush failed, a close of a lower fd did not
+/// finish, or the lower was SIGKILLed with work that may change data outstanding; 1 when
+/// drainfs itself failed; else 0.
+///
+/// A lower SIGKILLed with only read-only requests in flight and no file open for writing
+/// ([`Outstanding::is_drained`] at the kill) loses nothing: gcsfuse (jacobsa/fuse's
+/// `ServeOps`) waits for its in-flight ops before it exits, so a READ it cannot answer (the
+/// bucket unreachable) makes it miss its stop budget although every upload is done.
 pub fn exit_code(o: &Outcome) -> ExitCode {
     if o.lower_died || (o.lower_stop == Some(LowerStop::Unclean) && o.forced.is_none()) {
         return ExitCode::LowerFailed;
@@ -277,7 +289,9 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
     }
     let forced_with_work =
         o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
-    if forced_with_work || o.failed_flushes > 0 || o.lower_stop == Some(LowerStop::Killed) {
+    let killed_with_work = o.lower_stop == Some(LowerStop::Killed)
+        && !o.outstanding_at_kill.is_some_and(|w| w.is_drained());
+    if forced_with_work || o.failed_flushes > 0 || o.closes_unfinished || killed_with_work {
         return ExitCode::Incomplete;
     }
     ExitCode::Clean
@@ -413,6 +427,7 @@ pub struct Machine {
     drained_at: Option<Instant>,
     outstanding_at_force: Option<Outstanding>,
     at_teardown: Option<Outstanding>,
+    outstanding_at_kill: Option<Outstanding>,
 }
 
 impl Machine {
@@ -434,6 +449,7 @@ impl Machine {
             drained_at: None,
             outstanding_at_force: None,
             at_teardown: None,
+            outstanding_at_kill: None,
         }
     }
 
@@ -568,9 +584,16 @@ impl Machine {
         true
     }
 
-    /// The lower's process had to be SIGKILLed.
-    pub fn lower_killed(&mut self, now: Instant) {
+    /// The lower's process had to be SIGKILLed, with `outstanding` counted at that moment
+    /// (read before the kill; see [`exit_code`] for what it decides).
+    pub fn lower_killed(&mut self, now: Instant, outstanding: Outstanding) {
         self.force(Forced::LowerSigkill, now);
+        self.outstanding_at_kill = Some(outstanding);
+    }
+
+    /// What was outstanding when the lower's process was SIGKILLed, if it was.
+    pub fn outstanding_at_kill(&self) -> Option<Outstanding> {
+        self.outstanding_at_kill
     }
 
     /// Decides what to do given an observation made at `now` (door state first, then counts).
@@ -1400,5 +1423,104 @@ mod tests {
         );
         assert_eq!(ExitCode::Incomplete.code(), 75);
         assert_eq!(ExitCode::LowerFailed.code(), 69);
+    }
+
+    /// Issue 17.7: a lower SIGKILLed with only read-only requests in flight loses nothing;
+    /// with anything that may change data outstanding (or unknown), it is 75.
+    #[test]
+    fn a_lower_killed_with_only_reads_in_flight_is_clean() {
+        let killed = |at_kill: Option<Outstanding>| Outcome {
+            lower_stop: Some(LowerStop::Killed),
+            forced: Some(Forced::LowerSigkill),
+            outstanding_at_kill: at_kill,
+            ..Default::default()
+        };
+        let reads = Outstanding {
+            in_flight: 2,
+            in_flight_read: 2,
+            open_read: 1,
+            open_dirs: 1,
+            ..Default::default()
+        };
+        assert_eq!(exit_code(&killed(Some(reads))), ExitCode::Clean);
+        assert_eq!(
+            exit_code(&killed(Some(Outstanding::default()))),
+            ExitCode::Clean
+        );
+        // Not known what was outstanding: as before, 75.
+        assert_eq!(exit_code(&killed(None)), ExitCode::Incomplete);
+        for w in [
+            Outstanding {
+                in_flight: 3,
+                in_flight_read: 2,
+                ..reads
+            },
+            Outstanding {
+                open_write: 1,
+                ..reads
+            },
+            Outstanding {
+                lower_flush: 1,
+                ..reads
+            },
+            Outstanding {
+                lower_fsync: 1,
+                ..reads
+            },
+            Outstanding {
+                lower_release: 1,
+                ..reads
+            },
+        ] {
+            assert_eq!(exit_code(&killed(Some(w))), ExitCode::Incomplete, "{w:?}");
+        }
+        // A failed flush or an unfinished close still makes it 75.
+        assert_eq!(
+            exit_code(&Outcome {
+                failed_flushes: 1,
+                ..killed(Some(reads))
+            }),
+            ExitCode::Incomplete
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                closes_unfinished: true,
+                ..killed(Some(reads))
+            }),
+            ExitCode::Incomplete
+        );
+        // Forced with work outstanding before the kill: 75 whatever was left at the kill.
+        assert_eq!(
+            exit_code(&Outcome {
+                forced: Some(Forced::Deadline),
+                outstanding_at_force: Some(busy()),
+                ..killed(Some(reads))
+            }),
+            ExitCode::Incomplete
+        );
+    }
+
+    #[test]
+    fn the_machine_records_what_was_outstanding_at_the_kill() {
+        let mut m = machine(true);
+        m.mounted();
+        let t = Instant::now();
+        m.trigger(Cause::Sigterm, t);
+        assert_eq!(m.outstanding_at_kill(), None);
+        m.lower_killed(t + Duration::from_secs(1), busy());
+        assert_eq!(m.outstanding_at_kill(), Some(busy()));
+        assert_eq!(m.forced(), Some(Forced::LowerSigkill));
+    }
+
+    #[test]
+    fn a_close_that_did_not_finish_is_incomplete() {
+        assert_eq!(
+            exit_code(&Outcome {
+                lower_stop: Some(LowerStop::Clean),
+                closes_unfinished: true,
+                ..Default::default()
+            }),
+            ExitCode::Incomplete
+        );
     }
 }

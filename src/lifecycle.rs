@@ -613,6 +613,8 @@ struct Runner {
     lower_exit: Option<String>,
     lower_stop: Option<LowerStop>,
     failed: bool,
+    /// A close of lower fds did not finish within its budget (its upload's result is unknown).
+    closes_unfinished: bool,
     notes: Vec<String>,
     /// The lower's FUSE mount (by mount ID): the only lower mount drainfs may remove.
     lower_mount: Option<mount::MountInfo>,
@@ -662,6 +664,7 @@ pub async fn run(
         lower_exit: None,
         lower_stop: None,
         failed: false,
+        closes_unfinished: false,
         notes: Vec::new(),
         lower_mount: None,
         own_mount: None,
@@ -1485,7 +1488,14 @@ impl Runner {
             );
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
             killed = true;
-            self.machine.lower_killed(Instant::now());
+            let at_kill = self.shared.acct.outstanding();
+            self.machine.lower_killed(Instant::now(), at_kill);
+            if at_kill.is_drained() {
+                self.notes.push(format!(
+                    "the lower's process was SIGKILLed with only read-only work outstanding ({} request(s) in flight, no file open for writing): nothing of it can be lost",
+                    at_kill.in_flight_read
+                ));
+            }
             *self
                 .shared
                 .forced
@@ -1603,9 +1613,12 @@ impl Runner {
                 .await
             {
                 Some(failed) => self.failed_flushes.extend(failed),
-                None => self.notes.push(
-                    "closing the remaining lower fds did not finish within its budget".into(),
-                ),
+                None => {
+                    self.closes_unfinished = true;
+                    self.notes.push(
+                        "closing the remaining lower fds did not finish within its budget".into(),
+                    )
+                }
             }
         }
         if session_done.is_some() && self.own_mount.is_none() {
@@ -1661,11 +1674,17 @@ impl Runner {
         self.timings.unmounted_ms = self.ms_since_trigger();
         if !forced {
             let c = Arc::clone(&core);
-            if let Some(failed) = self
+            match self
                 .bounded(|b| b.close_remaining, blocking(move || c.close_all()))
                 .await
             {
-                self.failed_flushes.extend(failed);
+                Some(failed) => self.failed_flushes.extend(failed),
+                None => {
+                    self.closes_unfinished = true;
+                    self.notes.push(
+                        "closing the remaining lower fds did not finish within its budget".into(),
+                    )
+                }
             }
         }
         // Close every lower fd drainfs holds (handles, the root's, the O_PATH cache), even if a
@@ -1677,9 +1696,11 @@ impl Runner {
             .await
         {
             Some(failed) => self.failed_flushes.extend(failed),
-            None => self
-                .notes
-                .push("closing drainfs's lower fds did not finish within its budget".into()),
+            None => {
+                self.closes_unfinished = true;
+                self.notes
+                    .push("closing drainfs's lower fds did not finish within its budget".into())
+            }
         }
         self.shared.inner.lock().fs = None;
 
@@ -1745,6 +1766,8 @@ fn drain_exit_code(r: &Runner) -> ExitCode {
         outstanding_at_force: r.machine.outstanding_at_force(),
         failed_flushes: r.failed_flushes.len(),
         failed: r.failed,
+        outstanding_at_kill: r.machine.outstanding_at_kill(),
+        closes_unfinished: r.closes_unfinished,
     })
 }
 

@@ -1162,3 +1162,62 @@ fn randomized_stop_moments() {
         s.assert_bucket(&want);
     }
 }
+
+/// Issue 17.7 on the mount path: a read that gcsfuse cannot answer (fake-gcs-server SIGSTOPped
+/// while it waits) when the exit file appears. Nothing is written, so nothing can be lost:
+/// the read does not hold the drain, and gcsfuse, which waits for its in-flight ops and so has
+/// to be SIGKILLed, does not make the stop incomplete. Exit 0 before the grace period ends, the
+/// reader gets an error, the object is intact, nothing is left mounted.
+#[test]
+fn a_read_stuck_in_gcsfuse_at_the_stop_is_a_clean_exit() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _serial = serial();
+    require_installed(&[]);
+    let mut s = stack(&["--grace-period", "10s"]);
+    let data = pattern(91, 4 * MIB);
+    write_file(&s.m.path("r.bin"), &data).unwrap();
+    assert_eq!(
+        listing(&s.server).get("r.bin"),
+        Some(&(data.len() as u64)),
+        "the object was not uploaded at close"
+    );
+    s.server.signal(Signal::SIGSTOP);
+    let p = s.m.path("r.bin");
+    // O_DIRECT: the read reaches gcsfuse whatever the page cache holds.
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)?;
+        let mut buf = vec![0u8; MIB];
+        std::io::Read::read(&mut f, &mut buf)
+    });
+    // The read is in gcsfuse: its thread sleeps in a read(2) of the FUSE file.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !reader.is_finished(),
+        "the read returned with the server stopped"
+    );
+    let t = Instant::now();
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    let took = t.elapsed();
+    let sum = s.summary();
+    eprintln!("summary ({took:?} after the exit file): {sum}");
+    assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    assert_eq!(sum["outcome"], "clean", "{sum}");
+    assert!(
+        sum["timings"]["exit_ms"].as_u64().unwrap_or(u64::MAX) < 10_000,
+        "past the grace period: {sum}"
+    );
+    assert!(strings(&sum, "failed_flushes").is_empty(), "{sum}");
+    s.server.signal(Signal::SIGCONT);
+    let r = reader.join().unwrap();
+    eprintln!("the stuck read: {r:?}");
+    assert_eq!(
+        listing(&s.server).get("r.bin"),
+        Some(&(data.len() as u64)),
+        "the object changed"
+    );
+    s.assert_clean_end();
+}

@@ -927,3 +927,58 @@ fn relay_abort_after_fsync_with_a_file_still_open_is_not_clean() {
     drop(w);
     s.assert_nothing_left();
 }
+
+/// Issue 17.7 over the real gcsfuse: a READ that gcsfuse cannot answer (the bucket is
+/// unreachable: fake-gcs-server SIGSTOPped while the read waits for it) when the workload is
+/// gone. gcsfuse waits for its in-flight ops before it exits at end-of-stream, so drainfs has to
+/// SIGKILL it; with nothing written since the last successful close that loses nothing. The
+/// stop ends before the sidecar's SIGKILL with outcome clean (not 75), the summary says that
+/// gcsfuse was killed and that a read was cut off, and the object is intact.
+#[test]
+fn relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
+    let data = pattern(4 << 20, 17);
+    write_file(&s.path("r.bin"), &data).unwrap();
+    assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
+    let stopped = Stopped::stop(&server);
+    let p = s.path("r.bin");
+    // O_DIRECT: the READ reaches gcsfuse whatever the page cache holds.
+    let reader = std::thread::spawn(move || {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)?;
+        let mut buf = vec![0u8; 1 << 20];
+        io::Read::read(&mut f, &mut buf)
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            s.status()["relay"]["awaiting_daemon"].as_u64() == Some(1)
+        }),
+        "no READ in flight in gcsfuse: {:#}",
+        s.status()
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("stop with a READ stuck in gcsfuse: {e}");
+    assert!(!e.sigkill_sent, "the sidecar's SIGKILL came first: {e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["outcome"], "clean", "{summary:#}");
+    assert_eq!(summary["forced"], "lower_sigkill", "{summary:#}");
+    assert!(
+        summary["notes"].as_array().is_some_and(|n| n
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("read-only")))),
+        "the summary does not note the cut-off read: {summary:#}"
+    );
+    assert!(
+        e.code == Some(0) || e.signal.as_deref() == Some("SIGTERM"),
+        "{e}"
+    );
+    assert!(reader.join().unwrap().is_err(), "the cut-off READ fails");
+    drop(stopped);
+    assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
+    s.assert_nothing_left();
+}
