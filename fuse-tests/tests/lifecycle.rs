@@ -670,9 +670,10 @@ fn lower_death_with_open_handles_exits_within_two_seconds() {
 /// How long the lower gets after a second signal (`drain::SECOND_SIGNAL_LOWER`).
 const SECOND_SIGNAL_LOWER: Duration = Duration::from_secs(2);
 
-/// A second SIGTERM while a FLUSH hangs: drainfs sends the lower its stop signal within
-/// 500 ms, gives it a bounded chance to exit (never a SIGKILL a few milliseconds after the
-/// SIGINT), and exits 75 naming the stuck file.
+/// A second SIGTERM while a FLUSH hangs: drainfs sends the lower its stop signal at once (not at
+/// the 60 s grace period's deadline; the bound is 3 s so that a loaded machine does not fail
+/// it), gives it a bounded chance to exit (never a SIGKILL a few milliseconds after the SIGINT),
+/// and exits 75 naming the stuck file.
 #[test]
 fn second_signal_stops_the_lower_promptly_and_gives_it_a_chance() {
     let mut s = stack(
@@ -707,7 +708,7 @@ fn second_signal_stops_the_lower_promptly_and_gives_it_a_chance() {
         .map(|e| e.t_ms)
         .expect("the lower got its stop signal");
     assert!(
-        sigint.saturating_sub(second) < 500,
+        sigint.saturating_sub(second) < 3000,
         "SIGINT reached the lower {} ms after the second SIGTERM",
         sigint.saturating_sub(second)
     );
@@ -721,7 +722,9 @@ fn second_signal_stops_the_lower_promptly_and_gives_it_a_chance() {
         );
     }
     assert!(
-        took < Duration::from_millis(500) + SECOND_SIGNAL_LOWER + Duration::from_millis(500),
+        // The budgets themselves are unit-tested with fake time (`drain::tests`); here the
+        // point is that the 60 s grace period is not waited for.
+        took < SECOND_SIGNAL_LOWER + Duration::from_secs(3),
         "drainfs took {took:?} after the second signal"
     );
     let sum = s.summary();
@@ -909,8 +912,10 @@ fn read_handles_and_directories_do_not_hold_the_job() {
     s.touch_exit_file();
     let code = s.wait_exit(Duration::from_secs(20));
     assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    // Held by the read handle, the exit would come at the deadline (19 s); the bound is loose
+    // so that a loaded machine does not fail it.
     assert!(
-        t.elapsed() < Duration::from_secs(3),
+        t.elapsed() < Duration::from_secs(10),
         "took {:?}",
         t.elapsed()
     );
