@@ -57,16 +57,9 @@ use crate::fs::{Admission, CoreConfig, Fs};
 use crate::fuse::{DrainFs, InitInfo};
 use crate::relay::engine::{EngineEvent, Relay, RelayStatus};
 use crate::relay::run::Prepared;
+pub use crate::summary::Timings;
+pub use crate::triggers::Event;
 use crate::{mount, procs, summary, triggers};
-
-/// Something that happened, sent to the lifecycle by a trigger or a watcher.
-#[derive(Debug)]
-pub enum Event {
-    /// A signal.
-    Signal(Signal),
-    /// A shutdown cause (exit file, watched pid, quit, drain).
-    Trigger(Cause),
-}
 
 /// Shared, observable lifecycle state (for `/status`, probes and metrics).
 #[derive(Debug)]
@@ -474,23 +467,6 @@ async fn settle_relay(r: &mut RelayPath) {
 /// ends its (busy) FUSE connection.
 const LOWER_BUSY_AFTER: Duration = Duration::from_millis(500);
 
-/// Timings of the shutdown, milliseconds since the first trigger.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Timings {
-    /// Wall-clock time of the first trigger (RFC 3339).
-    pub trigger: Option<String>,
-    /// Admission closed.
-    pub door_closed_ms: Option<u64>,
-    /// Nothing outstanding.
-    pub drained_ms: Option<u64>,
-    /// drainfs unmounted.
-    pub unmounted_ms: Option<u64>,
-    /// The lower's process exited.
-    pub lower_exited_ms: Option<u64>,
-    /// drainfs about to exit.
-    pub exit_ms: Option<u64>,
-}
-
 /// How `run` ends: the exit status, and (relay) a signal to end the process by instead.
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
@@ -690,7 +666,7 @@ pub async fn run(
         && r.cfg
             .relay
             .as_ref()
-            .is_some_and(|o| o.clean_sigterm_exit == crate::cli::CleanSigtermExit::Signal);
+            .is_some_and(|o| o.clean_sigterm_exit == crate::config::CleanSigtermExit::Signal);
     if clean_by_signal {
         s.notes
             .push("clean: drainfs ends by SIGTERM (--clean-sigterm-exit signal)".to_string());

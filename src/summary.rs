@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde::Serialize;
 
 use crate::accounting::{Accounting, HandleMode, Op, Outstanding};
-use crate::lifecycle::{Cause, Forced, Timings};
+use crate::drain::{Cause, Forced};
 
 /// Kubernetes truncates termination messages at 4096 bytes.
 pub const TERMINATION_LOG_CAP: usize = 4096;
@@ -55,6 +55,23 @@ impl From<&Accounting> for Counts {
             bytes_written: a.bytes_written.load(Relaxed),
         }
     }
+}
+
+/// Timings of the shutdown, milliseconds since the first trigger.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    /// Wall-clock time of the first trigger (RFC 3339).
+    pub trigger: Option<String>,
+    /// Admission closed.
+    pub door_closed_ms: Option<u64>,
+    /// Nothing outstanding.
+    pub drained_ms: Option<u64>,
+    /// drainfs unmounted.
+    pub unmounted_ms: Option<u64>,
+    /// The lower's process exited.
+    pub lower_exited_ms: Option<u64>,
+    /// drainfs about to exit.
+    pub exit_ms: Option<u64>,
 }
 
 /// The shutdown summary.
