@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde::Serialize;
 
 use crate::accounting::{Accounting, HandleMode, Op, Outstanding};
-use crate::drain::{Cause, Forced};
+use crate::drain::{Cause, ExitCode, Forced, LowerStop, Machine, Outcome};
+use crate::relay::engine::RelayStatus;
 
 /// Kubernetes truncates termination messages at 4096 bytes.
 pub const TERMINATION_LOG_CAP: usize = 4096;
@@ -107,7 +108,88 @@ pub struct Summary {
     /// `mount` or `relay`.
     pub data_path: &'static str,
     /// The relay's INIT caps, socket buffers and counters (relay only).
-    pub relay: Option<crate::relay::engine::RelayStatus>,
+    pub relay: Option<RelayStatus>,
+}
+
+/// What the lifecycle's executor recorded of one run, as it happened: the facts of the stop
+/// beyond what the drain machine knows. [`Record::outcome`] gives the exit code's inputs,
+/// [`Summary::new`] builds the summary from it.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// Phase timings, milliseconds since the first trigger.
+    pub timings: Timings,
+    /// Paths still open when the teardown was forced (the relay adds files whose connection
+    /// ended while open for writing).
+    pub open_paths: Vec<String>,
+    /// Opens and creates admitted and still in flight when the teardown was forced.
+    pub in_flight_opens: Vec<String>,
+    /// Paths whose lower flush or close failed, each once.
+    pub failed_flushes: Vec<String>,
+    /// How the lower's process ended ([`crate::procs::describe`]).
+    pub lower_exit: Option<String>,
+    /// How the lower's process was stopped (`None`: never stopped).
+    pub lower_stop: Option<LowerStop>,
+    /// drainfs itself failed (could not mount or serve, its control plane failed): exit 1.
+    pub failed: bool,
+    /// The relay's daemon died of this signal, one drainfs did not send.
+    pub raise: Option<nix::sys::signal::Signal>,
+    /// Anything else worth knowing, in order.
+    pub notes: Vec<String>,
+}
+
+impl Record {
+    /// Adds `paths` to the failed flushes, each path once.
+    pub fn add_failed_flushes(&mut self, paths: impl IntoIterator<Item = String>) {
+        for f in paths {
+            if !self.failed_flushes.contains(&f) {
+                self.failed_flushes.push(f);
+            }
+        }
+    }
+
+    /// The inputs of [`crate::drain::exit_code`]: this record and what `machine` decided.
+    pub fn outcome(&self, machine: &Machine) -> Outcome {
+        Outcome {
+            lower_died: machine.lower_died().is_some(),
+            lower_stop: self.lower_stop,
+            forced: machine.forced(),
+            outstanding_at_force: machine.outstanding_at_force(),
+            failed_flushes: self.failed_flushes.len(),
+            failed: self.failed,
+        }
+    }
+}
+
+impl Summary {
+    /// The summary of a run that ends with `code`: the first trigger, the force and the
+    /// lower's death as `machine` saw them, the `record`'s facts, the run's `counts`, the
+    /// data path (`mount` or `relay`) and the relay's status.
+    pub fn new(
+        code: ExitCode,
+        machine: &Machine,
+        record: &Record,
+        counts: Counts,
+        data_path: &'static str,
+        relay: Option<RelayStatus>,
+    ) -> Summary {
+        Summary {
+            exit_code: code.code(),
+            outcome: code.outcome(),
+            cause: machine.first_trigger().map(|(_, c)| c.clone()),
+            forced: machine.forced(),
+            lower_died: machine.lower_died().map(str::to_string),
+            lower_exit: record.lower_exit.clone(),
+            timings: record.timings.clone(),
+            outstanding_at_force: machine.outstanding_at_force(),
+            open_paths: record.open_paths.clone(),
+            in_flight_opens: record.in_flight_opens.clone(),
+            failed_flushes: record.failed_flushes.clone(),
+            counts,
+            notes: record.notes.clone(),
+            data_path,
+            relay,
+        }
+    }
 }
 
 /// Writes `data` to `path` atomically for readers: a temp file in the same directory, then a
