@@ -540,4 +540,67 @@ mod tests {
             "{v:#}"
         );
     }
+
+    #[test]
+    fn the_summary_and_the_exit_code_come_from_the_record_and_the_machine() {
+        let mut m = Machine::new(crate::drain::Config {
+            grace_period: std::time::Duration::from_secs(30),
+            grace_margin: std::time::Duration::from_secs(2),
+            quiet_period: std::time::Duration::from_millis(500),
+            native_sidecar: false,
+        });
+        let mut r = Record {
+            lower_exit: Some("exit 0".into()),
+            lower_stop: Some(LowerStop::Clean),
+            notes: vec!["a note".into()],
+            ..Record::default()
+        };
+        let t0 = std::time::Instant::now();
+        m.trigger(Cause::Sigterm, t0);
+        assert_eq!(crate::drain::exit_code(&r.outcome(&m)), ExitCode::Clean);
+        r.add_failed_flushes(["/a".to_string(), "/b".to_string()]);
+        r.add_failed_flushes(["/a".to_string()]);
+        assert_eq!(r.failed_flushes, ["/a", "/b"], "each path once");
+        assert_eq!(
+            crate::drain::exit_code(&r.outcome(&m)),
+            ExitCode::Incomplete
+        );
+        let s = Summary::new(
+            ExitCode::Incomplete,
+            &m,
+            &r,
+            Counts::default(),
+            "mount",
+            None,
+        );
+        assert_eq!((s.exit_code, s.outcome), (75, "incomplete"));
+        assert!(matches!(s.cause, Some(Cause::Sigterm)));
+        assert_eq!(s.forced, None);
+        assert_eq!(s.lower_died, None);
+        assert_eq!(s.lower_exit.as_deref(), Some("exit 0"));
+        assert_eq!(s.failed_flushes, ["/a", "/b"]);
+        assert_eq!(s.notes, ["a note"]);
+        assert_eq!(s.data_path, "mount");
+        m.trigger(
+            Cause::LowerDied {
+                detail: "gone".into(),
+            },
+            t0,
+        );
+        let s = Summary::new(
+            ExitCode::LowerFailed,
+            &m,
+            &r,
+            Counts::default(),
+            "mount",
+            None,
+        );
+        assert_eq!(s.forced, Some(Forced::LowerDied));
+        assert_eq!(s.lower_died.as_deref(), Some("gone"));
+        assert!(matches!(s.cause, Some(Cause::Sigterm)), "the first trigger");
+        assert_eq!(
+            crate::drain::exit_code(&r.outcome(&m)),
+            ExitCode::LowerFailed
+        );
+    }
 }
