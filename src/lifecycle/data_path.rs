@@ -2,8 +2,8 @@
 //! in its own file ([`super::mount_path`], [`super::relay_path`]). The executor starts the
 //! path, serves it (it waits on [`DataPath::next_event`] beside triggers and the lower's
 //! process), asks it what is open when the teardown is forced, and hands it the teardown.
-//! A new path is one new file implementing this trait and one line in [`super::run`]
-//! choosing it.
+//! A new path (GKE's shared node mounter, say) is one new file implementing this trait, its
+//! `mod` line, and one line in [`super::run`] choosing it.
 
 use super::executor::Executor;
 use crate::drain::{Ending, ExitCode};

@@ -26,13 +26,21 @@ use crate::summary::{self, Record};
 
 /// The lifecycle's executor: the machine, what it acts on, and what it recorded.
 pub(super) struct Executor {
+    /// The run's configuration (paths absolute).
     pub(super) cfg: RunConfig,
+    /// What `/status`, the probes and the metrics see; the executor is its only writer.
     pub(super) shared: Arc<Shared>,
+    /// Triggers and control requests, in arrival order.
     pub(super) events: mpsc::UnboundedReceiver<Event>,
+    /// The lower's process (unsupervised until started or adopted).
     pub(super) lower: Lower,
+    /// The counts every data path keeps.
     pub(super) acct: Arc<Accounting>,
+    /// The door (and the lower-gone flag) every data path obeys.
     pub(super) admission: Arc<Admission>,
+    /// Where every decision is made.
     pub(super) machine: Machine,
+    /// What happened, for the exit code and the summary.
     pub(super) record: Record,
 }
 
