@@ -10,7 +10,6 @@
 //! are answered EIO), wait for the daemon to exit (SIGKILL after its budget), then let the
 //! pump read the daemon's last replies and answer EIO to anything still in flight.
 
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -29,6 +28,16 @@ use crate::{mount, procs};
 /// How long, after the daemon's process has exited, the relay's pump may take to read the
 /// rest of the daemon's replies and its end-of-stream.
 const RELAY_SETTLE: Duration = Duration::from_secs(1);
+
+/// Where waiting for the daemon's INIT stands after an engine event.
+enum InitWait {
+    /// INIT went through: the relay serves.
+    Initialized,
+    /// drainfs must exit with this code (the daemon is already stopped).
+    Exit(ExitCode),
+    /// Still waiting.
+    Waiting,
+}
 
 /// The relay as served: the engine, its events, and the mount drainfs made itself.
 pub(super) struct RelayPath {
@@ -164,8 +173,10 @@ impl RelayPath {
             tokio::select! {
                 ev = ex.events.recv() => if let Some(ev) = ev { ex.on_event(ev) },
                 ev = self.events.recv() => match ev {
-                    Some(ev) => if let ControlFlow::Break(code) = self.on_init_event(ex, ev, dead).await {
-                        return code;
+                    Some(ev) => match self.on_init_event(ex, ev, dead).await {
+                        InitWait::Initialized => return None,
+                        InitWait::Exit(code) => return Some(code),
+                        InitWait::Waiting => {}
                     },
                     None => std::future::pending::<()>().await,
                 },
@@ -181,17 +192,11 @@ impl RelayPath {
         }
     }
 
-    /// An engine event before INIT went through: `Break(None)` once initialized,
-    /// `Break(Some(code))` when drainfs must exit, `Continue` to keep waiting. `dead`: the
-    /// lower's death is already known.
-    async fn on_init_event(
-        &mut self,
-        ex: &mut Executor,
-        ev: EngineEvent,
-        dead: bool,
-    ) -> ControlFlow<Option<ExitCode>> {
+    /// Acts on an engine event that came before INIT went through. `dead`: the lower's death
+    /// is already known.
+    async fn on_init_event(&mut self, ex: &mut Executor, ev: EngineEvent, dead: bool) -> InitWait {
         match ev {
-            EngineEvent::Initialized(_) => ControlFlow::Break(None),
+            EngineEvent::Initialized(_) => InitWait::Initialized,
             EngineEvent::InitFailed => {
                 ex.record.failed = true;
                 ex.record.notes.push(format!(
@@ -200,7 +205,7 @@ impl RelayPath {
                     self.relay.limits().sndbuf_daemon
                 ));
                 self.stop(ex, "INIT failed").await;
-                ControlFlow::Break(Some(ExitCode::Failed))
+                InitWait::Exit(ExitCode::Failed)
             }
             EngineEvent::InitRefused(errno) => {
                 let detail = format!(
@@ -210,17 +215,17 @@ impl RelayPath {
                 ex.record.notes.push(detail.clone());
                 ex.on_event(Event::Trigger(Cause::LowerDied { detail }));
                 self.stop(ex, "the daemon refused INIT").await;
-                ControlFlow::Break(Some(ExitCode::LowerFailed))
+                InitWait::Exit(ExitCode::LowerFailed)
             }
             EngineEvent::KernelGone(_) => {
                 ex.on_event(Event::Trigger(Cause::UnmountedExternally));
-                ControlFlow::Continue(())
+                InitWait::Waiting
             }
             EngineEvent::DaemonEof { .. } if !dead && !self.relay.kernel_gone() => {
                 let detail = "the daemon closed its socket before answering INIT".to_string();
-                ControlFlow::Break(Some(self.daemon_gone(ex, detail).await))
+                InitWait::Exit(self.daemon_gone(ex, detail).await)
             }
-            _ => ControlFlow::Continue(()),
+            _ => InitWait::Waiting,
         }
     }
 
