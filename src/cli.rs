@@ -12,8 +12,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    AdminConfig, FsConfig, LifecycleConfig, LogConfig, LogFormat, LowerProcess, PassthroughMode,
-    RelayConnection, RelayOptions, RunConfig,
+    AdminConfig, CleanSigtermExit, FsConfig, LifecycleConfig, LogConfig, LogFormat, LowerProcess,
+    PassthroughMode, RelayConnection, RelayOptions, RunConfig,
 };
 
 const HEADING_FS: &str = "Filesystem";
@@ -306,13 +306,12 @@ pub struct RelayOptArgs {
     /// error file, while a child that ends by SIGTERM is only logged ("gcsfuse was
     /// terminated"). A stop that is not clean always exits with its code (75, 69, ...).
     #[arg(long, env = "DRAINFS_CLEAN_SIGTERM_EXIT", value_enum, default_value = "code", help_heading = HEADING_RELAY)]
-    pub clean_sigterm_exit: CleanSigtermExit,
+    pub clean_sigterm_exit: CleanSigtermExitArg,
 }
 
-/// `--clean-sigterm-exit`: how a clean stop triggered by SIGTERM ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CleanSigtermExit {
+/// `--clean-sigterm-exit` values ([`CleanSigtermExit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CleanSigtermExitArg {
     /// Exit status 0.
     Code,
     /// End by SIGTERM (default action), after the summary is written.
@@ -351,7 +350,10 @@ impl RelayOptArgs {
             max_message: self.max_message,
             init_timeout: self.init_timeout,
             eof_exit_codes: self.eof_exit_codes,
-            clean_sigterm_exit: self.clean_sigterm_exit,
+            clean_sigterm_exit: match self.clean_sigterm_exit {
+                CleanSigtermExitArg::Code => CleanSigtermExit::Code,
+                CleanSigtermExitArg::Signal => CleanSigtermExit::Signal,
+            },
             spin: match self.spin {
                 SpinArg::Auto => crate::relay::run::auto_spin(),
                 SpinArg::Fixed(d) => d,

@@ -57,10 +57,20 @@ pub struct RelayOptions {
     /// Daemon exit statuses that count as a clean stop after the relay's end-of-stream.
     pub eof_exit_codes: Vec<i32>,
     /// How a clean stop triggered by SIGTERM ends (exit 0, or by SIGTERM).
-    pub clean_sigterm_exit: crate::cli::CleanSigtermExit,
+    pub clean_sigterm_exit: CleanSigtermExit,
     /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
     #[serde(with = "humantime_serde_shim")]
     pub spin: Duration,
+}
+
+/// How a clean stop triggered by SIGTERM ends (`relay --clean-sigterm-exit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CleanSigtermExit {
+    /// Exit status 0.
+    Code,
+    /// End by SIGTERM (default action), after the summary is written.
+    Signal,
 }
 
 /// Kernel passthrough policy (`--passthrough`).

@@ -4,6 +4,7 @@
 
 use crate::config::RunConfig;
 use crate::lifecycle::{self, Control, Event, ExitCode};
+use crate::relay::run::Prepared;
 use crate::{logging, mount, signals};
 
 /// Runs `drainfs run` (or, with `cfg.relay`, a relay) and returns the process exit status.
@@ -17,60 +18,11 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
     }
     logging::init(&cfg.log);
     if cfg.check_config {
-        match serde_json::to_string_pretty(&cfg) {
-            Ok(j) => println!("{j}"),
-            Err(e) => {
-                eprintln!("drainfs: error: {e}");
-                return ExitCode::Failed.code();
-            }
-        }
-        let problems = crate::checks::problems(&cfg);
-        for p in &problems {
-            eprintln!("drainfs: error: {p}");
-        }
-        return if problems.is_empty() {
-            0
-        } else {
-            ExitCode::Usage.code()
-        };
+        return check_config(&cfg);
     }
-    let relay = match &cfg.relay {
-        Some(opts) => {
-            if opts.connection == crate::config::RelayConnection::SelfMounted {
-                match relay_preflight(&cfg.fs.mountpoint) {
-                    Ok(mp) => cfg.fs.mountpoint = mp,
-                    Err(e) => {
-                        eprintln!("drainfs: error: {e}");
-                        return ExitCode::Usage.code();
-                    }
-                }
-            }
-            match crate::relay::run::prepare(&cfg) {
-                Ok(p) => Some(p),
-                Err((code, e)) => {
-                    eprintln!("drainfs: error: {e}");
-                    return code.code();
-                }
-            }
-        }
-        None => {
-            let spawns = matches!(
-                cfg.lifecycle.lower_process,
-                crate::config::LowerProcess::Spawn { .. }
-            );
-            match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint, spawns) {
-                Ok((lower, mp)) => {
-                    cfg.fs.lower = lower;
-                    cfg.fs.mountpoint = mp;
-                }
-                Err(e) => {
-                    eprintln!("drainfs: error: {e}");
-                    return ExitCode::Usage.code();
-                }
-            }
-            prepare_process();
-            None
-        }
+    let relay = match preflight(&mut cfg) {
+        Ok(relay) => relay,
+        Err(code) => return code.code(),
     };
     if let Err(e) = check_outputs(&cfg) {
         eprintln!("drainfs: error: {e}");
@@ -82,6 +34,78 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         eprintln!("drainfs: error: --admin-addr {addr}: {e}");
         return ExitCode::Usage.code();
     }
+    run_lifecycle(cfg, relay, on_control)
+}
+
+/// `--check-config`: prints the configuration as JSON and every start-up problem (one
+/// `drainfs: error:` line each). Returns 0, or 2 when there is a problem (1 when the
+/// configuration cannot be printed).
+fn check_config(cfg: &RunConfig) -> i32 {
+    match serde_json::to_string_pretty(cfg) {
+        Ok(j) => println!("{j}"),
+        Err(e) => {
+            eprintln!("drainfs: error: {e}");
+            return ExitCode::Failed.code();
+        }
+    }
+    let problems = crate::checks::problems(cfg);
+    for p in &problems {
+        eprintln!("drainfs: error: {p}");
+    }
+    if problems.is_empty() {
+        0
+    } else {
+        ExitCode::Usage.code()
+    }
+}
+
+/// The data path's pre-flight: for a relay, its mountpoint (self-mounted) and the prepared
+/// connection with the daemon started on it; for a mount, the lower and the mountpoint made
+/// absolute and the process prepared. Errors are printed; `Err` carries the exit code.
+fn preflight(cfg: &mut RunConfig) -> Result<Option<Prepared>, ExitCode> {
+    let Some(opts) = &cfg.relay else {
+        let spawns = matches!(
+            cfg.lifecycle.lower_process,
+            crate::config::LowerProcess::Spawn { .. }
+        );
+        match mount::preflight(&cfg.fs.lower, &cfg.fs.mountpoint, spawns) {
+            Ok((lower, mp)) => {
+                cfg.fs.lower = lower;
+                cfg.fs.mountpoint = mp;
+            }
+            Err(e) => {
+                eprintln!("drainfs: error: {e}");
+                return Err(ExitCode::Usage);
+            }
+        }
+        prepare_process();
+        return Ok(None);
+    };
+    if opts.connection == crate::config::RelayConnection::SelfMounted {
+        match relay_preflight(&cfg.fs.mountpoint) {
+            Ok(mp) => cfg.fs.mountpoint = mp,
+            Err(e) => {
+                eprintln!("drainfs: error: {e}");
+                return Err(ExitCode::Usage);
+            }
+        }
+    }
+    match crate::relay::run::prepare(cfg) {
+        Ok(p) => Ok(Some(p)),
+        Err((code, e)) => {
+            eprintln!("drainfs: error: {e}");
+            Err(code)
+        }
+    }
+}
+
+/// Starts the control plane's runtime and the signal thread, runs the lifecycle, and ends
+/// as it says (its exit status, or the signal it asks drainfs to end by).
+fn run_lifecycle(
+    cfg: RunConfig,
+    relay: Option<Prepared>,
+    on_control: impl FnOnce(Control) + Send + 'static,
+) -> i32 {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("drainfs-control")

@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde::Serialize;
 
 use crate::accounting::{Accounting, HandleMode, Op, Outstanding};
-use crate::lifecycle::{Cause, Forced, Timings};
+use crate::drain::{Cause, ExitCode, Forced, LowerStop, Machine, Outcome};
+use crate::relay::engine::RelayStatus;
 
 /// Kubernetes truncates termination messages at 4096 bytes.
 pub const TERMINATION_LOG_CAP: usize = 4096;
@@ -57,6 +58,23 @@ impl From<&Accounting> for Counts {
     }
 }
 
+/// Timings of the shutdown, milliseconds since the first trigger.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    /// Wall-clock time of the first trigger (RFC 3339).
+    pub trigger: Option<String>,
+    /// Admission closed.
+    pub door_closed_ms: Option<u64>,
+    /// Nothing outstanding.
+    pub drained_ms: Option<u64>,
+    /// drainfs unmounted.
+    pub unmounted_ms: Option<u64>,
+    /// The lower's process exited.
+    pub lower_exited_ms: Option<u64>,
+    /// drainfs about to exit.
+    pub exit_ms: Option<u64>,
+}
+
 /// The shutdown summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -90,7 +108,92 @@ pub struct Summary {
     /// `mount` or `relay`.
     pub data_path: &'static str,
     /// The relay's INIT caps, socket buffers and counters (relay only).
-    pub relay: Option<crate::relay::engine::RelayStatus>,
+    pub relay: Option<RelayStatus>,
+}
+
+/// What the lifecycle's executor recorded of one run, as it happened: the facts of the stop
+/// beyond what the drain machine knows. [`Record::outcome`] gives the exit code's inputs,
+/// [`Summary::new`] builds the summary from it.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// Phase timings, milliseconds since the first trigger.
+    pub timings: Timings,
+    /// Paths still open when the teardown was forced (the relay adds files whose connection
+    /// ended while open for writing).
+    pub open_paths: Vec<String>,
+    /// Opens and creates admitted and still in flight when the teardown was forced.
+    pub in_flight_opens: Vec<String>,
+    /// Paths whose lower flush or close failed, each once.
+    pub failed_flushes: Vec<String>,
+    /// How the lower's process ended ([`crate::procs::describe`]).
+    pub lower_exit: Option<String>,
+    /// How the lower's process was stopped (`None`: never stopped).
+    pub lower_stop: Option<LowerStop>,
+    /// drainfs itself failed (could not mount or serve, its control plane failed): exit 1.
+    pub failed: bool,
+    /// A close of lower fds did not finish within its budget (its upload's result is unknown).
+    pub closes_unfinished: bool,
+    /// The relay's daemon died of this signal, one drainfs did not send.
+    pub raise: Option<nix::sys::signal::Signal>,
+    /// Anything else worth knowing, in order.
+    pub notes: Vec<String>,
+}
+
+impl Record {
+    /// Adds `paths` to the failed flushes, each path once.
+    pub fn add_failed_flushes(&mut self, paths: impl IntoIterator<Item = String>) {
+        for f in paths {
+            if !self.failed_flushes.contains(&f) {
+                self.failed_flushes.push(f);
+            }
+        }
+    }
+
+    /// The inputs of [`crate::drain::exit_code`]: this record and what `machine` decided.
+    pub fn outcome(&self, machine: &Machine) -> Outcome {
+        Outcome {
+            lower_died: machine.lower_died().is_some(),
+            lower_stop: self.lower_stop,
+            forced: machine.forced(),
+            outstanding_at_force: machine.outstanding_at_force(),
+            failed_flushes: self.failed_flushes.len(),
+            failed: self.failed,
+            outstanding_at_kill: machine.outstanding_at_kill(),
+            closes_unfinished: self.closes_unfinished,
+        }
+    }
+}
+
+impl Summary {
+    /// The summary of a run that ends with `code`: the first trigger, the force and the
+    /// lower's death as `machine` saw them, the `record`'s facts, the run's `counts`, the
+    /// data path (`mount` or `relay`) and the relay's status.
+    pub fn new(
+        code: ExitCode,
+        machine: &Machine,
+        record: &Record,
+        counts: Counts,
+        data_path: &'static str,
+        relay: Option<RelayStatus>,
+    ) -> Summary {
+        Summary {
+            exit_code: code.code(),
+            outcome: code.outcome(),
+            cause: machine.first_trigger().map(|(_, c)| c.clone()),
+            forced: machine.forced(),
+            lower_died: machine.lower_died().map(str::to_string),
+            lower_exit: record.lower_exit.clone(),
+            timings: record.timings.clone(),
+            outstanding_at_force: machine.outstanding_at_force(),
+            open_paths: record.open_paths.clone(),
+            in_flight_opens: record.in_flight_opens.clone(),
+            failed_flushes: record.failed_flushes.clone(),
+            counts,
+            notes: record.notes.clone(),
+            data_path,
+            relay,
+        }
+    }
 }
 
 /// Writes `data` to `path` atomically for readers: a temp file in the same directory, then a
@@ -439,6 +542,69 @@ mod tests {
                 .unwrap()
                 .contains(&format!("{} of 500 open paths", 500 - kept)),
             "{v:#}"
+        );
+    }
+
+    #[test]
+    fn the_summary_and_the_exit_code_come_from_the_record_and_the_machine() {
+        let mut m = Machine::new(crate::drain::Config {
+            grace_period: std::time::Duration::from_secs(30),
+            grace_margin: std::time::Duration::from_secs(2),
+            quiet_period: std::time::Duration::from_millis(500),
+            native_sidecar: false,
+        });
+        let mut r = Record {
+            lower_exit: Some("exit 0".into()),
+            lower_stop: Some(LowerStop::Clean),
+            notes: vec!["a note".into()],
+            ..Record::default()
+        };
+        let t0 = std::time::Instant::now();
+        m.trigger(Cause::Sigterm, t0);
+        assert_eq!(crate::drain::exit_code(&r.outcome(&m)), ExitCode::Clean);
+        r.add_failed_flushes(["/a".to_string(), "/b".to_string()]);
+        r.add_failed_flushes(["/a".to_string()]);
+        assert_eq!(r.failed_flushes, ["/a", "/b"], "each path once");
+        assert_eq!(
+            crate::drain::exit_code(&r.outcome(&m)),
+            ExitCode::Incomplete
+        );
+        let s = Summary::new(
+            ExitCode::Incomplete,
+            &m,
+            &r,
+            Counts::default(),
+            "mount",
+            None,
+        );
+        assert_eq!((s.exit_code, s.outcome), (75, "incomplete"));
+        assert!(matches!(s.cause, Some(Cause::Sigterm)));
+        assert_eq!(s.forced, None);
+        assert_eq!(s.lower_died, None);
+        assert_eq!(s.lower_exit.as_deref(), Some("exit 0"));
+        assert_eq!(s.failed_flushes, ["/a", "/b"]);
+        assert_eq!(s.notes, ["a note"]);
+        assert_eq!(s.data_path, "mount");
+        m.trigger(
+            Cause::LowerDied {
+                detail: "gone".into(),
+            },
+            t0,
+        );
+        let s = Summary::new(
+            ExitCode::LowerFailed,
+            &m,
+            &r,
+            Counts::default(),
+            "mount",
+            None,
+        );
+        assert_eq!(s.forced, Some(Forced::LowerDied));
+        assert_eq!(s.lower_died.as_deref(), Some("gone"));
+        assert!(matches!(s.cause, Some(Cause::Sigterm)), "the first trigger");
+        assert_eq!(
+            crate::drain::exit_code(&r.outcome(&m)),
+            ExitCode::LowerFailed
         );
     }
 }

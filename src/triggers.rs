@@ -1,5 +1,7 @@
 //! Shutdown triggers other than signals: exit files and the watched workload process.
 //! They only send [`Event`]s; the lifecycle decides.
+//! [`Event`] is defined here, below the lifecycle: every trigger (these, the signal thread, the
+//! admin server and control socket) sends it.
 //!
 //! Exit files are watched with inotify on their parent directories **plus an initial scan**,
 //! so a file created before drainfs started still counts (the GKE layout
@@ -15,12 +17,22 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use inotify::{Inotify, WatchMask};
+use nix::sys::signal::Signal;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::LifecycleConfig;
-use crate::lifecycle::{Cause, Event};
+use crate::drain::Cause;
+
+/// Something that happened, sent to the lifecycle by a trigger or a watcher.
+#[derive(Debug)]
+pub enum Event {
+    /// A signal.
+    Signal(Signal),
+    /// A shutdown cause (exit file, watched pid, quit, drain).
+    Trigger(Cause),
+}
 
 /// Starts the exit-file and watched-pid tasks on the current tokio runtime.
 pub fn start(cfg: &LifecycleConfig, tx: UnboundedSender<Event>) {

@@ -1,0 +1,342 @@
+//! Supervising the lower, as the executor's steps: start it (spawn `-- COMMAND` and wait for
+//! its mount to appear, or adopt the mounted lower), stop it (its stop signal, or for the
+//! relay's daemon the end-of-stream the relay sends; SIGKILL after its budget), judge how it
+//! ended ([`LowerStop`]), and remove its mount when it lingers, by mount ID only (never a
+//! volume's bind mount). Every wait is bounded ([`Executor::bounded`]).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
+
+use super::executor::Executor;
+use super::lower::{Lower, clean_stop, spawn_lower};
+use super::{Event, blocking};
+use crate::config::LowerProcess;
+use crate::drain::{Cause, ExitCode, Forced, LowerStop, Observation, Phase, Step};
+use crate::{mount, procs};
+
+/// After a clean drain, how long the lower may take to exit on its stop signal before drainfs
+/// ends its (busy) FUSE connection.
+const LOWER_BUSY_AFTER: Duration = Duration::from_millis(500);
+
+impl Executor {
+    /// The mount's lower: spawns `-- COMMAND` and waits for its mount, or adopts the mounted
+    /// lower (checking that it answers). `Err(code)` when drainfs must exit.
+    pub(super) async fn start_lower(&mut self) -> Result<(), ExitCode> {
+        let lower_path = self.cfg.fs.lower.clone();
+        match self.cfg.lifecycle.lower_process.clone() {
+            LowerProcess::Spawn { argv } => {
+                let before = mount::mount_at(&lower_path).map(|m| m.id);
+                match spawn_lower(&argv) {
+                    Ok(l) => self.lower = l,
+                    Err(e) => {
+                        tracing::error!(command = ?argv[0], error = %e, "cannot start the lower's process");
+                        self.on_event(Event::Trigger(Cause::LowerDied {
+                            detail: format!("cannot start {}: {e}", argv[0].to_string_lossy()),
+                        }));
+                        return Err(ExitCode::LowerFailed);
+                    }
+                }
+                tracing::info!(pid = self.lower.pid, command = ?argv, "started the lower's process; waiting for its mount");
+                if let Some(code) = self.wait_lower_ready(&lower_path, before).await {
+                    return Err(code);
+                }
+            }
+            LowerProcess::Adopted { pid } => {
+                self.lower = Lower::adopted(pid);
+                self.lower.mount = mount::fuse_mount_above(&lower_path, None);
+                let p = lower_path.clone();
+                let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
+                if let Err(e) = answered {
+                    tracing::error!(lower = %lower_path.display(), error = %e, "the lower does not answer");
+                    self.on_event(Event::Trigger(Cause::LowerDied {
+                        detail: format!("lower {} does not answer: {e}", lower_path.display()),
+                    }));
+                    return Err(ExitCode::LowerFailed);
+                }
+            }
+        }
+        self.shared.set_lower_up(true);
+        Ok(())
+    }
+
+    /// Waits for the lower's mount to appear at `lower_path` (a new mount ID, not `before`),
+    /// while watching the process and triggers. `Some(code)` when drainfs must exit.
+    async fn wait_lower_ready(
+        &mut self,
+        lower_path: &Path,
+        before: Option<u64>,
+    ) -> Option<ExitCode> {
+        let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
+        loop {
+            if let Some(m) = mount::fuse_mount_above(lower_path, before)
+                && !mount::is_dead(lower_path)
+            {
+                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                self.lower.mount = Some(m);
+                return None;
+            }
+            if let Some(st) = self.lower.exited() {
+                let tail = self.lower.tail();
+                tracing::error!(status = %procs::describe(&st), stderr_tail = %tail, "the lower's process exited before its mount appeared");
+                self.on_event(Event::Trigger(Cause::LowerDied {
+                    detail: format!("exited before ready ({}): {}", procs::describe(&st), tail),
+                }));
+                self.record.lower_exit = Some(procs::describe(&st));
+                self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
+                return Some(ExitCode::LowerFailed);
+            }
+            if self.machine.step(Instant::now(), &Observation::default()) == Step::AbortStart {
+                tracing::info!(
+                    "shutdown before the lower was ready: stopping it; nothing was mounted"
+                );
+                self.stop_lower("shutdown before the lower was ready").await;
+                self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+                    .await;
+                return Some(match self.record.lower_stop {
+                    Some(LowerStop::Clean) | Some(LowerStop::NotSupervised) | None => {
+                        ExitCode::Clean
+                    }
+                    _ => ExitCode::LowerFailed,
+                });
+            }
+            if Instant::now() >= deadline {
+                return Some(self.lower_not_ready(lower_path, before).await);
+            }
+            // The mount table has no cheap notification usable here; 20 ms polling only lasts
+            // while the lower starts.
+            tokio::select! {
+                ev = self.events.recv() => if let Some(ev) = ev { self.on_event(ev) },
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    }
+
+    /// The lower's mount did not appear within `--lower-ready-timeout`: the lower counts as
+    /// dead; it is stopped and its mount (if one came up late) removed. Returns 69.
+    async fn lower_not_ready(&mut self, lower_path: &Path, before: Option<u64>) -> ExitCode {
+        let timeout = self.cfg.lifecycle.lower_ready_timeout;
+        tracing::error!(timeout = ?timeout, stderr_tail = %self.lower.tail(), "the lower's mount did not appear in time");
+        self.on_event(Event::Trigger(Cause::LowerDied {
+            detail: format!("mount did not appear within {timeout:?}"),
+        }));
+        self.stop_lower("the lower's mount did not appear in time")
+            .await;
+        self.remove_lower_mount(mount::fuse_mount_above(lower_path, before))
+            .await;
+        ExitCode::LowerFailed
+    }
+
+    /// Removes the lower's FUSE mount `m`, identified by mount ID (a volume's own bind mount
+    /// is never touched), if it is still mounted: aborted and detached when the lower's process
+    /// is gone or the mount is dead, else unmounted (lazily if busy).
+    pub(super) async fn remove_lower_mount(&mut self, m: Option<mount::MountInfo>) {
+        let Some(m) = m.filter(|m| mount::mount_by_id(m.id).is_some()) else {
+            return;
+        };
+        let (path, id) = (m.mount_point.clone(), m.id);
+        let exited = self.lower.exited().is_some() || !self.lower.watched();
+        let res = self
+            .bounded(
+                |b| b.lower_kill.max(Duration::from_millis(100)),
+                blocking(move || {
+                    if exited || mount::is_dead(&m.mount_point) {
+                        mount::abort_mount(&m);
+                        mount::unmount_mount(&m, true, Duration::from_secs(5))
+                    } else {
+                        mount::unmount_or_detach_mount(&m, Duration::from_secs(5))
+                    }
+                }),
+            )
+            .await;
+        tracing::info!(lower = %path.display(), mount_id = id, result = ?res, "removed the lower's lingering mount");
+    }
+
+    /// drainfs failed to start its data path: a lower it spawned counts as dead (nothing was
+    /// served) and is stopped, its mount removed.
+    pub(super) async fn stop_lower_after_failure(&mut self, why: &str) {
+        if self.lower.spawned {
+            self.on_event(Event::Trigger(Cause::LowerDied {
+                detail: why.to_string(),
+            }));
+            self.stop_lower(why).await;
+            self.remove_lower_mount(self.lower.mount.clone()).await;
+        }
+    }
+
+    /// The mount's last teardown step: stops the lower's process, waits (bounded) for its
+    /// mount to go (gcsfuse unmounts on SIGINT), and removes the mount if it lingers.
+    pub(super) async fn stop_lower_and_its_mount(&mut self, why: &str) {
+        if !self.lower.watched() {
+            return;
+        }
+        self.stop_lower(why).await;
+        if let Some(id) = self.lower.mount.as_ref().map(|m| m.id) {
+            let gone = async move {
+                while mount::mount_by_id(id).is_some() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            let _ = self
+                .bounded(|b| b.lower_kill.min(Duration::from_secs(2)), gone)
+                .await;
+        }
+        self.remove_lower_mount(self.lower.mount.clone()).await;
+    }
+
+    /// Sends the lower its stop signal and waits within the budget; SIGKILL after. Records
+    /// how it ended ([`LowerStop`], its wait status).
+    pub(super) async fn stop_lower(&mut self, why: &str) {
+        let Some(pid) = self.lower.pid else {
+            self.record.lower_stop = Some(LowerStop::NotSupervised);
+            return;
+        };
+        self.advance(Phase::StoppingLower, why);
+        // A relay's daemon is stopped by the EOF on its socket, never by a signal.
+        let sig = if self.cfg.relay.is_some() {
+            None
+        } else {
+            Some(self.cfg.lifecycle.lower_signal)
+        };
+        if self.lower.exited().is_none()
+            && let Some(sig) = sig
+        {
+            tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+        let mut st = self.wait_lower_stopped().await;
+        let killed = st.is_none();
+        if killed {
+            st = self.kill_lower(pid).await;
+        }
+        self.record.timings.lower_exited_ms = self.ms_since_trigger();
+        self.shared.set_lower_up(false);
+        self.record.lower_stop = Some(if killed {
+            LowerStop::Killed
+        } else {
+            self.judge_stop(pid, st.as_ref(), sig)
+        });
+        if let Some(st) = st {
+            if !killed {
+                self.note_daemon_exit(&st);
+            }
+            self.record.lower_exit = Some(procs::describe(&st));
+            tracing::info!(pid, status = %procs::describe(&st), stop = ?self.record.lower_stop, "the lower's process exited");
+        }
+    }
+
+    /// Waits (within the lower's stop budget) for the lower's process to exit. `None` when
+    /// the budget ran out.
+    async fn wait_lower_stopped(&mut self) -> Option<WaitStatus> {
+        let wait = self.lower.wait();
+        if self.machine.forced().is_some() || !self.machine.triggered() {
+            return self.bounded(|b| b.lower_stop, wait).await;
+        }
+        // Drained: nothing can be lost by ending the lower's connection. If its own unmount
+        // is refused (EBUSY: a process still holds a file on it through drainfs's
+        // passthrough, or has its cwd there), gcsfuse keeps running; ending the connection
+        // makes it stop cleanly (its read of /dev/fuse returns ENODEV) instead of waiting
+        // for a SIGKILL.
+        if let Some(st) = self
+            .bounded(|b| b.lower_stop.min(LOWER_BUSY_AFTER), wait)
+            .await
+        {
+            return Some(st);
+        }
+        if let Some(m) = self
+            .lower
+            .mount
+            .clone()
+            .filter(|m| mount::mount_by_id(m.id).is_some())
+        {
+            tracing::info!(lower = %m.mount_point.display(), "the lower is still mounted (busy) after its stop signal; nothing is outstanding, so ending its FUSE connection");
+            let _ = blocking(move || {
+                mount::abort_mount(&m);
+                mount::unmount_mount(&m, true, Duration::from_secs(5))
+            })
+            .await;
+        }
+        let wait = self.lower.wait();
+        self.bounded(|b| b.lower_stop, wait).await
+    }
+
+    /// SIGKILLs the lower's process (it did not exit within its budget) and waits for it
+    /// within the kill budget. `None` when even that ran out.
+    async fn kill_lower(&mut self, pid: i32) -> Option<WaitStatus> {
+        tracing::warn!(
+            pid,
+            "the lower's process did not exit within its budget: SIGKILL"
+        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        let at_kill = self.shared.acct.outstanding();
+        self.machine.lower_killed(Instant::now(), at_kill);
+        if at_kill.is_drained() {
+            self.record.notes.push(format!(
+                "the lower's process was SIGKILLed with only read-only work outstanding ({} request(s) in flight, no file open for writing): nothing of it can be lost",
+                at_kill.in_flight_read
+            ));
+        }
+        self.shared.count_forced(Forced::LowerSigkill);
+        let wait = self.lower.wait();
+        self.bounded(|b| b.lower_kill, wait).await
+    }
+
+    /// How a lower that was not SIGKILLed ended, after `sig` (`None`: the relay's daemon,
+    /// stopped by its end-of-stream); a stop that is not clean is noted.
+    fn judge_stop(&mut self, pid: i32, st: Option<&WaitStatus>, sig: Option<Signal>) -> LowerStop {
+        match (st, sig) {
+            (Some(_), _) if !self.lower.spawned => LowerStop::Clean,
+            (Some(s), Some(sig)) if clean_stop(s, sig) => LowerStop::Clean,
+            (Some(WaitStatus::Exited(_, 0)), None) => LowerStop::Clean,
+            // A relay's daemon after the end-of-stream: see `--eof-exit-codes`.
+            (Some(WaitStatus::Exited(_, code)), None)
+                if self.machine.forced().is_none()
+                    && self.shared.is_started()
+                    && self
+                        .cfg
+                        .relay
+                        .as_ref()
+                        .is_some_and(|o| o.eof_exit_codes.contains(code)) =>
+            {
+                tracing::warn!(
+                    pid,
+                    code,
+                    "the daemon exited {code} at the relay's end-of-stream; counted as a clean stop (--eof-exit-codes; libfuse daemons exit 1 there)"
+                );
+                self.record.notes.push(format!(
+                    "the daemon exited {code} at the relay's end-of-stream (accepted by --eof-exit-codes)"
+                ));
+                LowerStop::Clean
+            }
+            _ => {
+                if let Some(st) = st {
+                    tracing::warn!(
+                        pid,
+                        status = %procs::describe(st),
+                        "the lower's process did not stop cleanly (not exit 0, not the stop signal{})",
+                        if self.cfg.relay.is_some() { ", not in --eof-exit-codes" } else { "" }
+                    );
+                    self.record.notes.push(format!(
+                        "the lower's process ended with {}: not a clean stop",
+                        procs::describe(st)
+                    ));
+                }
+                LowerStop::Unclean
+            }
+        }
+    }
+
+    /// Records a relay daemon's death by a signal drainfs did not send (to be raised on
+    /// drainfs at the end).
+    pub(super) fn note_daemon_exit(&mut self, st: &WaitStatus) {
+        if self.cfg.relay.is_some()
+            && self.record.lower_stop != Some(LowerStop::Killed)
+            && let WaitStatus::Signaled(_, sig, _) = st
+        {
+            self.record.raise = Some(*sig);
+        }
+    }
+}
