@@ -15,12 +15,13 @@
 //!   (`NOTIFY_INVAL_INODE` waits for the folio a READ holds, `NOTIFY_INVAL_ENTRY` for the
 //!   directory a LOOKUP holds, and an inval of dirty pages sends WRITEs first), and that
 //!   request's reply comes through the pump.
-//! - **The relay's own requests**: a RELEASE of a handle changed since its last successful
-//!   FLUSH/FSYNC is held back while an FSYNC of the relay's own (its own `unique`, see
-//!   [`super::inflight::OWN_UNIQUE_BASE`]) goes to the daemon; its reply goes nowhere, and then
-//!   the RELEASE is forwarded. A daemon that answers OPEN with ENOSYS gets the kernel's OPEN
-//!   answered with a handle of the relay's own (fh 0), so the kernel never enters its no-open
-//!   mode, in which RELEASE never comes and writers would be invisible.
+//! - **The relay's own requests**: a RELEASE of a handle open for writing with changes no
+//!   successful FLUSH (nor a failed FLUSH/FSYNC) covered is held back while an FSYNC of the
+//!   relay's own (its own `unique`, see [`super::inflight::OWN_UNIQUE_BASE`]) goes to the
+//!   daemon; its reply goes nowhere, and then the RELEASE is forwarded. A daemon that answers
+//!   OPEN with ENOSYS gets the kernel's OPEN answered with a handle of the relay's own (fh 0),
+//!   so the kernel never enters its no-open mode, in which RELEASE never comes and writers
+//!   would be invisible.
 //! - **Waiting**: both fds are non-blocking. After each message the pump keeps polling both
 //!   (yielding the CPU between polls) for the configured spin time, then blocks in `poll(2)`
 //!   on both. While a send to the daemon waits for room (backpressure: no further kernel

@@ -116,10 +116,11 @@ pub enum Admit {
     Reply(i32),
     /// Neither forward nor answer (a FORGET or INTERRUPT once the daemon is gone or stopping).
     Drop,
-    /// A RELEASE of a handle changed since its last successful FLUSH/FSYNC: send the daemon
-    /// an FSYNC of the relay's own (`fsync_unique`, of `fh`, already in flight) first, and
-    /// only once it is answered the RELEASE (recorded in flight); with `local_release`
-    /// (a handle the relay opened itself) answer the RELEASE here instead of forwarding it.
+    /// A RELEASE of a handle open for writing with changes no successful FLUSH (nor a failed
+    /// FLUSH/FSYNC) covered: send the daemon an FSYNC of the relay's own (`fsync_unique`, of
+    /// `fh`, already in flight) first, and only once it is answered the RELEASE (recorded in
+    /// flight); with `local_release` (a handle the relay opened itself) answer the RELEASE
+    /// here instead of forwarding it.
     SyncFirst {
         /// The relay's own unique for the FSYNC ([`is_own_unique`]).
         fsync_unique: u64,
@@ -319,11 +320,11 @@ impl Inflight {
     }
 
     /// What a RELEASE of the handle it `released` needs. A handle open for writing with
-    /// changes no FLUSH/FSYNC covered (a write through a mapping after the last close, then
-    /// munmap: WRITE then RELEASE, no FLUSH) gets an FSYNC of the relay's own first: a daemon
-    /// that uploads only at FLUSH/FSYNC, as gcsfuse does, would otherwise drop the change
-    /// (none when the daemon has no FSYNC). A handle the relay opened itself is answered here:
-    /// the daemon never saw it.
+    /// changes no successful FLUSH (nor a failed FLUSH/FSYNC) covered (a write through a
+    /// mapping after the last close, then munmap: WRITE then RELEASE, no FLUSH) gets an FSYNC
+    /// of the relay's own first: a daemon that uploads only at FLUSH/FSYNC, as gcsfuse does,
+    /// would otherwise drop the change (none when the daemon has no FSYNC). A handle the relay
+    /// opened itself is answered here: the daemon never saw it.
     fn release_plan(
         &self,
         opcode: Opcode,

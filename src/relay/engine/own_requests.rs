@@ -1,9 +1,9 @@
 //! The relay's own requests, the ones no caller made:
-//! - the FSYNC before a RELEASE: a RELEASE of a handle with changes no FLUSH/FSYNC covered is
-//!   held back ([`super::pump::PumpIo`]'s `held`) while an FSYNC with one of the relay's own
-//!   uniques ([`crate::relay::inflight::OWN_UNIQUE_BASE`]) goes to the daemon; its reply goes
-//!   nowhere, and then the RELEASE is forwarded (or, for a handle the relay opened itself,
-//!   answered here);
+//! - the FSYNC before a RELEASE: a RELEASE of a handle with changes no successful FLUSH (nor
+//!   a failed FLUSH/FSYNC) covered is held back ([`super::pump::PumpIo`]'s `held`) while an
+//!   FSYNC with one of the relay's own uniques ([`crate::relay::inflight::OWN_UNIQUE_BASE`])
+//!   goes to the daemon; its reply goes nowhere, and then the RELEASE is forwarded (or, for a
+//!   handle the relay opened itself, answered here);
 //! - the OPEN answer: an OPEN the daemon answered ENOSYS is answered with a handle of the
 //!   relay's own (fh 0), so the kernel never enters its no-open mode, in which RELEASE never
 //!   comes and writers would be invisible.

@@ -23,8 +23,8 @@ pub(super) struct OpenHandle {
     pub(super) changes: u64,
     /// Changes a successful FLUSH covered.
     pub(super) synced: u64,
-    /// Changes a FLUSH/FSYNC covered, whatever its result (a failed one is a failed flush
-    /// already, and the caller got its error).
+    /// Changes a failed FLUSH/FSYNC covered (ENOSYS aside): a failed one is a failed flush
+    /// already, and the caller got its error.
     pub(super) attempted: u64,
     /// The daemon answered its OPEN with ENOSYS and the relay answered the kernel with this
     /// handle itself (fh 0): the daemon never sees its RELEASE.
@@ -50,7 +50,8 @@ impl OpenHandle {
         self.changes > self.synced
     }
 
-    /// Changed since its last FLUSH/FSYNC, successful or not: its RELEASE needs an FSYNC first.
+    /// Changed since its last successful FLUSH or failed FLUSH/FSYNC (a successful FSYNC
+    /// covers nothing): its RELEASE needs an FSYNC first.
     pub(super) fn needs_sync(&self) -> bool {
         self.changes > self.synced.max(self.attempted)
     }
@@ -91,8 +92,8 @@ impl OpenHandles {
             .unwrap_or(0)
     }
 
-    /// A FLUSH/FSYNC that covered `changes` of the writers `fh` was answered (successfully or
-    /// not): they need no FSYNC of the relay's own for those.
+    /// A FLUSH/FSYNC that covered `changes` of the writers `fh` failed (ENOSYS aside): those
+    /// need no FSYNC of the relay's own.
     pub(super) fn mark_attempted(&mut self, fh: u64, changes: u64) {
         for oh in self.writers(fh) {
             oh.attempted = oh.attempted.max(changes.min(oh.changes));
