@@ -85,11 +85,28 @@ impl Relay {
         if let Some(u) = proto::salvage_unique(msg)
             && u != 0
             && u & proto::INT_REQ_BIT == 0
-            && let Some(mut p) = self.state.lock().take(u)
         {
-            let _ = self.write_kernel(&proto::error_reply(u, libc::EIO));
-            p.fail();
+            self.answer_eio(u);
         }
+    }
+
+    /// Answers EIO to the kernel request `unique` if it is in flight: takes it out of the
+    /// state, writes the error reply and completes it as failed. Returns whether it was in
+    /// flight.
+    ///
+    /// The request is taken in a statement of its own, so the state lock is released before
+    /// the write: [`Relay::write_kernel`] locks the state again to count an ENOENT (which is
+    /// what the kernel gives when it already ended the request, as after a reply it refused
+    /// with EINVAL), and the lock is not reentrant. A `take` in an `if let` or `match`
+    /// scrutinee would hold the lock for the whole block.
+    pub(super) fn answer_eio(&self, unique: u64) -> bool {
+        let pending = self.state.lock().take(unique);
+        let Some(mut p) = pending else {
+            return false;
+        };
+        let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
+        p.fail();
+        true
     }
 
     /// Completes the request `unique` after its reply was written to the kernel with result
@@ -97,17 +114,16 @@ impl Relay {
     /// cannot take for this request) is a protocol error, and the caller is answered EIO.
     pub(super) fn finish(&self, unique: u64, r: Result<(), Errno>) {
         if r == Err(Errno::EINVAL) {
-            // The kernel refused the reply (a body it cannot take for this request): answer
-            // EIO, or the caller would wait for a reply that never comes.
+            // The kernel refused the reply (a body it cannot take for this request). Having
+            // found the request, the kernel has already ended it with EIO itself
+            // (fuse_dev_do_write), so this EIO usually gets ENOENT; it is written anyway, so
+            // that no caller is left waiting on a kernel (or stand-in) that kept the request.
             self.state.lock().counters.protocol_errors += 1;
             tracing::error!(
                 unique,
                 "relay: the kernel refused the daemon's reply (EINVAL); answering EIO"
             );
-            if let Some(mut p) = self.state.lock().take(unique) {
-                let _ = self.write_kernel(&proto::error_reply(unique, libc::EIO));
-                p.fail();
-            }
+            self.answer_eio(unique);
             return;
         }
         {
