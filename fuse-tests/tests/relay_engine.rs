@@ -800,3 +800,37 @@ fn a_kernel_fd_that_is_not_dev_fuse_is_a_usage_error() {
         assert_eq!(out.status.code(), Some(2), "{fd:?}: {out:?}");
     }
 }
+
+/// A reply the kernel refuses: bucketfs answers READs of `bad*` one byte longer than asked.
+/// The kernel fails that READ with EIO itself and ends the request (fuse_dev_do_write: the
+/// write gives EINVAL), so the relay's own EIO answer finds no request and gives ENOENT. The
+/// relay counts both and keeps serving: the pump must not hold the state lock while it writes
+/// that answer, or counting the ENOENT would deadlock it and every later request would hang.
+#[test]
+fn a_reply_the_kernel_refuses_fails_the_read_and_the_relay_keeps_serving() {
+    let mut m = start(&[], &["--oversized-read", "bad"], true);
+    std::fs::write(m.bucket().join("bad.txt"), b"refused").unwrap();
+    std::fs::write(m.bucket().join("good.txt"), b"served").unwrap();
+    let bad = m.mnt().join("bad.txt");
+    let r = within(Duration::from_secs(10), move || {
+        std::fs::read(bad).map_err(|e| e.raw_os_error())
+    });
+    assert_eq!(r, Some(Err(Some(libc::EIO))), "{}", m.drainfs.stderr_text());
+    let good = m.mnt().join("good.txt");
+    let r = within(Duration::from_secs(10), move || std::fs::read(good).ok());
+    assert_eq!(
+        r,
+        Some(Some(b"served".to_vec())),
+        "the relay stopped serving after the refused reply: {}",
+        m.drainfs.stderr_text()
+    );
+    m.drainfs.signal(Signal::SIGTERM);
+    let st = m.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
+    let counts = &m.summary()["relay"]["counts"];
+    assert!(
+        counts["protocol_errors"].as_u64().unwrap() >= 1,
+        "{counts:#}"
+    );
+    assert!(counts["kernel_enoent"].as_u64().unwrap() >= 1, "{counts:#}");
+}

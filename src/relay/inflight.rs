@@ -2,16 +2,18 @@
 //! open handles by `fh`, each holding the guard that counts it in the crate's
 //! [`Accounting`] (the same counts, door and metrics the passthrough mount uses), and what to
 //! do with each new kernel request. No I/O: the engine holds this under one mutex and performs
-//! the I/O each decision names.
+//! the I/O each decision names. The open handles' map is in `inflight/handles.rs`.
 //!
 //! # Race freedom
-//! New requests enter the relay in one place, the kernel→daemon reader thread. It counts a
+//! New requests enter the relay in one place, the engine's pump thread. It counts a
 //! request with [`Accounting::op_owned`] (entering the gate) *before* it reads the door
 //! ([`Accounting::door_open`]), and [`Inflight::admit`] keeps that guard in the in-flight map
 //! until the daemon's reply has been written to the kernel. A handle created by an OPEN reply
 //! is counted ([`Accounting::handle`]) before the OPEN's guard is dropped. So a drain that
 //! closes the door and then observes the gate (see [`crate::gate`]) never misses an admitted
 //! request or the handle it opened.
+
+mod handles;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,9 +22,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use self::handles::{OpenHandle, OpenHandles};
 use super::names::Names;
 use super::proto::{self, InHeader, NameOp, Opcode};
-use crate::accounting::{Accounting, HandleGuard, HandleMode, Op, OwnedOpGuard};
+use crate::accounting::{Accounting, HandleMode, Op, OwnedOpGuard};
 
 /// The accounting's operation for a FUSE opcode: BATCH_FORGET counts as `forget`, RENAME2 as
 /// `rename`, TMPFILE as `create`; opcodes the passthrough mount never sees (INIT, INTERRUPT,
@@ -77,41 +80,6 @@ pub fn accounting_op(op: Opcode) -> Op {
     }
 }
 
-/// One open handle: the guard that counts it, its nodeid, and how many changes it has seen
-/// and a successful FLUSH covered (a FLUSH covers the changes admitted before it). A
-/// successful FSYNC does not count as covering them: gcsfuse's streaming writes (its default)
-/// put an object in the bucket only at a FLUSH, never at an FSYNC.
-#[derive(Debug)]
-struct OpenHandle {
-    _guard: HandleGuard,
-    nodeid: u64,
-    /// Changes admitted (WRITE, FALLOCATE, ...), plus 1 for the open itself when it is open
-    /// for writing: the kernel may change the file without a WRITE the relay sees (a dirty
-    /// `MAP_SHARED` page, the writeback cache), so only a successful FLUSH after the open
-    /// makes it synced.
-    changes: u64,
-    /// Changes a successful FLUSH covered.
-    synced: u64,
-    /// Changes a FLUSH/FSYNC covered, whatever its result (a failed one is a failed flush
-    /// already, and the caller got its error).
-    attempted: u64,
-    /// The daemon answered its OPEN with ENOSYS and the relay answered the kernel with this
-    /// handle itself (fh 0): the daemon never sees its RELEASE.
-    synthetic: bool,
-}
-
-impl OpenHandle {
-    /// Changed since its last successful FLUSH.
-    fn unsynced(&self) -> bool {
-        self.changes > self.synced
-    }
-
-    /// Changed since its last FLUSH/FSYNC, successful or not: its RELEASE needs an FSYNC first.
-    fn needs_sync(&self) -> bool {
-        self.changes > self.synced.max(self.attempted)
-    }
-}
-
 /// One request awaiting the daemon's reply.
 #[derive(Debug)]
 pub struct Pending {
@@ -148,10 +116,11 @@ pub enum Admit {
     Reply(i32),
     /// Neither forward nor answer (a FORGET or INTERRUPT once the daemon is gone or stopping).
     Drop,
-    /// A RELEASE of a handle changed since its last successful FLUSH/FSYNC: send the daemon
-    /// an FSYNC of the relay's own (`fsync_unique`, of `fh`, already in flight) first, and
-    /// only once it is answered the RELEASE (recorded in flight); with `local_release`
-    /// (a handle the relay opened itself) answer the RELEASE here instead of forwarding it.
+    /// A RELEASE of a handle open for writing with changes no successful FLUSH (nor a failed
+    /// FLUSH/FSYNC) covered: send the daemon an FSYNC of the relay's own (`fsync_unique`, of
+    /// `fh`, already in flight) first, and only once it is answered the RELEASE (recorded in
+    /// flight); with `local_release` (a handle the relay opened itself) answer the RELEASE
+    /// here instead of forwarding it.
     SyncFirst {
         /// The relay's own unique for the FSYNC ([`is_own_unique`]).
         fsync_unique: u64,
@@ -216,9 +185,8 @@ pub struct Counters {
 pub struct Inflight {
     acct: Arc<Accounting>,
     pending: HashMap<u64, Pending>,
-    /// (mode, fh) -> one guard and nodeid per open that returned that fh (daemons such as
-    /// libfuse's examples return fh 0 for every open).
-    handles: HashMap<(HandleMode, u64), Vec<OpenHandle>>,
+    /// The open handles.
+    handles: OpenHandles,
     /// Paths of the nodeids the kernel knows, for naming open files.
     names: Names,
     /// Paths whose FLUSH, FSYNC or RELEASE of a file open for writing failed.
@@ -239,7 +207,7 @@ impl Inflight {
         Inflight {
             acct,
             pending: HashMap::new(),
-            handles: HashMap::new(),
+            handles: OpenHandles::default(),
             names: Names::default(),
             failed_flushes: Vec::new(),
             stopping: false,
@@ -263,9 +231,43 @@ impl Inflight {
     ) -> Admit {
         // Decided before RELEASE drops its handle.
         let flushes_write = self.flushes_write(h.opcode, body);
-        let mut released = None;
+        let released = self.release_or_forget(h, body);
+        if !h.opcode.expects_reply() {
+            return self.admit_without_reply(h.opcode);
+        }
+        if let Some(errno) = self.refusal(h, door_open, flushes_write) {
+            guard.fail();
+            return Admit::Reply(errno);
+        }
+        let sync_first = match self.release_plan(h.opcode, body, released.as_ref()) {
+            ReleasePlan::AnswerHere => return Admit::Reply(0),
+            ReleasePlan::SyncFirst { fh, local_release } => Some((fh, local_release)),
+            ReleasePlan::Forward => None,
+        };
+        if let Some(fh) = proto::written_fh(h.opcode, body) {
+            for oh in self.handles.writers(fh) {
+                oh.changes += 1;
+            }
+        }
+        let pending = self.pending_request(h, body, guard, flushes_write);
+        self.pending.insert(h.unique, pending);
+        if h.opcode == Opcode::Write
+            && let Some(n) = proto::write_size(body)
+        {
+            self.acct.bytes_written.fetch_add(u64::from(n), Relaxed);
+        }
+        self.counters.forwarded += 1;
+        match sync_first {
+            Some((fh, local_release)) => self.start_own_fsync(h.nodeid, fh, local_release),
+            None => Admit::Forward,
+        }
+    }
+
+    /// What a request does to the state before anything else: a RELEASE/RELEASEDIR removes
+    /// its handle (returned with its mode), a FORGET/BATCH_FORGET lowers lookup counts.
+    fn release_or_forget(&mut self, h: &InHeader, body: &[u8]) -> Option<(HandleMode, OpenHandle)> {
         match h.opcode {
-            Opcode::Release | Opcode::Releasedir => released = self.remove_handle(h.opcode, body),
+            Opcode::Release | Opcode::Releasedir => return self.remove_handle(h.opcode, body),
             // fuse_forget_in: nlookup.
             Opcode::Forget => {
                 if let Some(n) = proto::u64_at(body, 0) {
@@ -283,127 +285,119 @@ impl Inflight {
             }
             _ => {}
         }
-        if !h.opcode.expects_reply() {
-            if self.daemon_gone || self.stopping {
-                return Admit::Drop;
-            }
-            if matches!(h.opcode, Opcode::Forget | Opcode::BatchForget) {
-                self.counters.forgets += 1;
-            }
-            self.counters.forwarded += 1;
-            return Admit::Forward;
-        }
+        None
+    }
+
+    /// A request that expects no reply (FORGET, BATCH_FORGET, INTERRUPT, ...): forwarded, or
+    /// dropped once the daemon is gone or being stopped.
+    fn admit_without_reply(&mut self, opcode: Opcode) -> Admit {
         if self.daemon_gone || self.stopping {
-            guard.fail();
+            return Admit::Drop;
+        }
+        if matches!(opcode, Opcode::Forget | Opcode::BatchForget) {
+            self.counters.forgets += 1;
+        }
+        self.counters.forwarded += 1;
+        Admit::Forward
+    }
+
+    /// The errno the relay answers a request with itself, if any: EIO once the daemon is gone
+    /// or being stopped (a FLUSH/FSYNC/RELEASE of a file open for writing so answered is a
+    /// failed flush), ESHUTDOWN for a door-guarded request once the door is closed.
+    fn refusal(&mut self, h: &InHeader, door_open: bool, flushes_write: bool) -> Option<i32> {
+        if self.daemon_gone || self.stopping {
             self.counters.answered_daemon_gone += 1;
             if flushes_write {
                 self.record_failed_flush(h.opcode, h.nodeid, libc::EIO);
             }
-            return Admit::Reply(libc::EIO);
+            return Some(libc::EIO);
         }
         if !door_open && h.opcode.is_door_guarded() {
-            guard.fail();
             self.counters.door_refused += 1;
-            return Admit::Reply(libc::ESHUTDOWN);
+            return Some(libc::ESHUTDOWN);
         }
-        // A RELEASE of a handle with changes no FLUSH/FSYNC covered (a write through a
-        // mapping after the last close, then munmap: WRITE then RELEASE, no FLUSH) gets an
-        // FSYNC of the relay's own first: a daemon that uploads only at FLUSH/FSYNC, as
-        // gcsfuse does, would otherwise drop the change.
-        let mut sync_first = None;
-        if h.opcode == Opcode::Release
-            && let Some((HandleMode::Write, oh)) = &released
-        {
-            let fh = proto::release_fh(body).unwrap_or(0);
-            if oh.needs_sync() && !self.no_fsync {
-                sync_first = Some((fh, oh.synthetic));
-            }
-        }
-        // A handle the relay opened itself: the daemon never saw it, nothing to forward.
-        if h.opcode == Opcode::Release
-            && sync_first.is_none()
-            && released.as_ref().is_some_and(|(_, oh)| oh.synthetic)
-        {
-            return Admit::Reply(0);
-        }
-        if let Some(fh) = proto::written_fh(h.opcode, body) {
-            for oh in self
-                .handles
-                .get_mut(&(HandleMode::Write, fh))
-                .into_iter()
-                .flatten()
-            {
-                oh.changes += 1;
-            }
-        }
-        let syncs = match h.opcode {
-            // fuse_flush_in and fuse_fsync_in start with fh.
-            Opcode::Flush | Opcode::Fsync => proto::u64_at(body, 0).map(|fh| {
-                let changes = self
-                    .handles
-                    .get(&(HandleMode::Write, fh))
-                    .into_iter()
-                    .flatten()
-                    .map(|oh| oh.changes)
-                    .max()
-                    .unwrap_or(0);
-                (fh, changes)
-            }),
-            _ => None,
+        None
+    }
+
+    /// What a RELEASE of the handle it `released` needs. A handle open for writing with
+    /// changes no successful FLUSH (nor a failed FLUSH/FSYNC) covered (a write through a
+    /// mapping after the last close, then munmap: WRITE then RELEASE, no FLUSH) gets an FSYNC
+    /// of the relay's own first: a daemon that uploads only at FLUSH/FSYNC, as gcsfuse does,
+    /// would otherwise drop the change (none when the daemon has no FSYNC). A handle the relay
+    /// opened itself is answered here: the daemon never saw it.
+    fn release_plan(
+        &self,
+        opcode: Opcode,
+        body: &[u8],
+        released: Option<&(HandleMode, OpenHandle)>,
+    ) -> ReleasePlan {
+        let Some((mode, oh)) = released.filter(|_| opcode == Opcode::Release) else {
+            return ReleasePlan::Forward;
         };
-        let opens = match h.opcode {
-            Opcode::Open | Opcode::Create | Opcode::Tmpfile => {
-                let flags = proto::open_flags(body).unwrap_or(0);
-                Some(if proto::is_write_intent(flags) {
-                    HandleMode::Write
-                } else {
-                    HandleMode::Read
-                })
-            }
-            Opcode::Opendir => Some(HandleMode::Dir),
-            _ => None,
-        };
-        self.pending.insert(
-            h.unique,
-            Pending {
-                opcode: h.opcode,
-                opens,
-                syncs,
-                nodeid: h.nodeid,
-                names: proto::name_op(h.opcode, h.nodeid, body),
-                started: flushes_write.then(Instant::now),
-                guard,
-            },
-        );
-        if h.opcode == Opcode::Write
-            && let Some(n) = proto::write_size(body)
-        {
-            self.acct.bytes_written.fetch_add(u64::from(n), Relaxed);
-        }
-        self.counters.forwarded += 1;
-        if let Some((fh, local_release)) = sync_first {
-            let fsync_unique = self.next_own;
-            self.next_own = self.next_own.wrapping_add(2).max(OWN_UNIQUE_BASE);
-            self.pending.insert(
-                fsync_unique,
-                Pending {
-                    opcode: Opcode::Fsync,
-                    opens: None,
-                    syncs: None,
-                    nodeid: h.nodeid,
-                    names: None,
-                    started: Some(Instant::now()),
-                    guard: self.acct.op_owned(Op::Fsync),
-                },
-            );
-            self.counters.relay_fsyncs += 1;
-            return Admit::SyncFirst {
-                fsync_unique,
-                fh,
-                local_release,
+        if *mode == HandleMode::Write && oh.needs_sync() && !self.no_fsync {
+            return ReleasePlan::SyncFirst {
+                fh: proto::release_fh(body).unwrap_or(0),
+                local_release: oh.synthetic,
             };
         }
-        Admit::Forward
+        if oh.synthetic {
+            ReleasePlan::AnswerHere
+        } else {
+            ReleasePlan::Forward
+        }
+    }
+
+    /// The in-flight record of a forwarded request: for FLUSH/FSYNC the handle it syncs and
+    /// the changes admitted before it, for OPEN/CREATE/TMPFILE/OPENDIR the kind of handle its
+    /// reply creates, what its reply does to names, and (`flushes_write`) when it started.
+    fn pending_request(
+        &self,
+        h: &InHeader,
+        body: &[u8],
+        guard: OwnedOpGuard,
+        flushes_write: bool,
+    ) -> Pending {
+        let syncs = match h.opcode {
+            // fuse_flush_in and fuse_fsync_in start with fh.
+            Opcode::Flush | Opcode::Fsync => {
+                proto::u64_at(body, 0).map(|fh| (fh, self.handles.changes(fh)))
+            }
+            _ => None,
+        };
+        Pending {
+            opcode: h.opcode,
+            opens: opened_mode(h.opcode, body),
+            syncs,
+            nodeid: h.nodeid,
+            names: proto::name_op(h.opcode, h.nodeid, body),
+            started: flushes_write.then(Instant::now),
+            guard,
+        }
+    }
+
+    /// Records an FSYNC of the relay's own of `fh` (on `nodeid`) in flight, under the next
+    /// of its uniques, for the RELEASE that waits for it.
+    fn start_own_fsync(&mut self, nodeid: u64, fh: u64, local_release: bool) -> Admit {
+        let fsync_unique = self.next_own;
+        self.next_own = self.next_own.wrapping_add(2).max(OWN_UNIQUE_BASE);
+        self.pending.insert(
+            fsync_unique,
+            Pending {
+                opcode: Opcode::Fsync,
+                opens: None,
+                syncs: None,
+                nodeid,
+                names: None,
+                started: Some(Instant::now()),
+                guard: self.acct.op_owned(Op::Fsync),
+            },
+        );
+        self.counters.relay_fsyncs += 1;
+        Admit::SyncFirst {
+            fsync_unique,
+            fh,
+            local_release,
+        }
     }
 
     /// Whether a request is a FLUSH or FSYNC of a handle open for writing (or of an `fh` the
@@ -413,8 +407,8 @@ impl Inflight {
         match opcode {
             // fuse_flush_in and fuse_fsync_in start with fh.
             Opcode::Flush | Opcode::Fsync => proto::u64_at(body, 0).is_some_and(|fh| {
-                self.handles.contains_key(&(HandleMode::Write, fh))
-                    || !self.handles.contains_key(&(HandleMode::Read, fh))
+                self.handles.is_open(HandleMode::Write, fh)
+                    || !self.handles.is_open(HandleMode::Read, fh)
             }),
             // fuse_release_in: fh, then the flags the file was opened with.
             Opcode::Release => proto::u32_at(body, 8).is_some_and(proto::is_write_intent),
@@ -434,16 +428,7 @@ impl Inflight {
         } else {
             &[HandleMode::Read, HandleMode::Write]
         };
-        for mode in modes {
-            if let Some(v) = self.handles.get_mut(&(*mode, fh)) {
-                let oh = v.pop();
-                if v.is_empty() {
-                    self.handles.remove(&(*mode, fh));
-                }
-                return oh.map(|oh| (*mode, oh));
-            }
-        }
-        None
+        self.handles.remove(fh, modes)
     }
 
     /// Looks at a daemon reply before it is written to the kernel: returns the opcode of the
@@ -463,45 +448,15 @@ impl Inflight {
             self.acct.lower_flush_duration.observe(t0.elapsed());
         }
         if p.opcode == Opcode::Open && error == -libc::ENOSYS {
-            // The engine answers the kernel's OPEN with a handle of its own (fh 0, what the
-            // kernel would use in its no-open mode), so the kernel keeps sending RELEASE and
-            // a writer keeps counting.
-            if let Some(mode) = p.opens {
-                let oh = OpenHandle {
-                    _guard: self.acct.handle(mode),
-                    nodeid: p.nodeid,
-                    changes: u64::from(mode == HandleMode::Write),
-                    synced: 0,
-                    attempted: 0,
-                    synthetic: true,
-                };
-                self.handles.entry((mode, 0)).or_default().push(oh);
-            }
-            self.counters.opens_answered += 1;
+            let (opens, nodeid) = (p.opens, p.nodeid);
+            self.open_answered_here(opens, nodeid);
             return Some(Opcode::Open);
         }
         if error != 0 {
             p.fail();
-            let (opcode, nodeid, flushing) = (p.opcode, p.nodeid, p.started.is_some());
-            // ENOSYS: the kernel stops sending that request; it attempted nothing.
-            if let Some((fh, changes)) = p.syncs.filter(|_| error != -libc::ENOSYS) {
-                for oh in self
-                    .handles
-                    .get_mut(&(HandleMode::Write, fh))
-                    .into_iter()
-                    .flatten()
-                {
-                    oh.attempted = oh.attempted.max(changes.min(oh.changes));
-                }
-            }
-            if opcode == Opcode::Fsync && error == -libc::ENOSYS && is_own_unique(unique) {
-                self.no_fsync = true;
-            }
-            // ENOSYS: the daemon has no FLUSH/FSYNC (the kernel then stops sending it);
-            // nothing failed.
-            if flushing && error != -libc::ENOSYS {
-                self.record_failed_flush(opcode, nodeid, -error);
-            }
+            let (opcode, nodeid, syncs) = (p.opcode, p.nodeid, p.syncs);
+            let flushing = p.started.is_some();
+            self.on_error_reply(unique, -error, opcode, nodeid, syncs, flushing);
             return Some(opcode);
         }
         if p.opcode == Opcode::Read {
@@ -509,52 +464,55 @@ impl Inflight {
         }
         // Only a FLUSH counts as synced: an FSYNC does not finalize a streaming write.
         if let Some((fh, changes)) = p.syncs.filter(|_| p.opcode == Opcode::Flush) {
-            for oh in self
-                .handles
-                .get_mut(&(HandleMode::Write, fh))
-                .into_iter()
-                .flatten()
-            {
-                oh.synced = oh.synced.max(changes.min(oh.changes));
-            }
+            self.handles.mark_synced(fh, changes);
         }
-        let mut nodeid = p.nodeid;
-        match &p.names {
-            Some(NameOp::Entry { parent, name }) => {
-                if let Some(id) = proto::entry_nodeid(body) {
-                    self.names.entry(*parent, name, id);
-                    nodeid = id;
-                }
-            }
-            Some(NameOp::Unlink { parent, name }) => self.names.unlink(*parent, name),
-            Some(NameOp::Rename {
-                olddir,
-                old,
-                newdir,
-                new,
-                exchange,
-            }) => self.names.rename(*olddir, old, *newdir, new, *exchange),
-            Some(NameOp::Readdirplus { parent }) => {
-                for (id, name) in proto::direntplus_entries(body) {
-                    self.names.entry(*parent, name, id);
-                }
-            }
-            None => {}
-        }
+        let nodeid = learn_names(&mut self.names, p.names.as_ref(), body).unwrap_or(p.nodeid);
         if let Some(mode) = p.opens
             && let Some(fh) = proto::reply_fh(p.opcode, body)
         {
-            let oh = OpenHandle {
-                _guard: self.acct.handle(mode),
-                nodeid,
-                changes: u64::from(mode == HandleMode::Write),
-                synced: 0,
-                attempted: 0,
-                synthetic: false,
-            };
-            self.handles.entry((mode, fh)).or_default().push(oh);
+            let oh = OpenHandle::new(self.acct.handle(mode), nodeid, mode, false);
+            self.handles.add(mode, fh, oh);
         }
         Some(p.opcode)
+    }
+
+    /// An OPEN the daemon answered ENOSYS: the engine answers the kernel's OPEN with a handle
+    /// of its own (fh 0, what the kernel would use in its no-open mode), counted here, so the
+    /// kernel keeps sending RELEASE and a writer keeps counting.
+    fn open_answered_here(&mut self, opens: Option<HandleMode>, nodeid: u64) {
+        if let Some(mode) = opens {
+            let oh = OpenHandle::new(self.acct.handle(mode), nodeid, mode, true);
+            self.handles.add(mode, 0, oh);
+        }
+        self.counters.opens_answered += 1;
+    }
+
+    /// An error reply (`errno`, positive) to the request `unique`. ENOSYS means the daemon has
+    /// no such request (the kernel then stops sending it): it attempted nothing and nothing
+    /// failed, and after an FSYNC of the relay's own the relay sends no more. Any other errno
+    /// counts as an attempt on the handle a FLUSH/FSYNC (`syncs`) covered, and a `flushing`
+    /// request so answered is a failed flush.
+    fn on_error_reply(
+        &mut self,
+        unique: u64,
+        errno: i32,
+        opcode: Opcode,
+        nodeid: u64,
+        syncs: Option<(u64, u64)>,
+        flushing: bool,
+    ) {
+        if errno == libc::ENOSYS {
+            if opcode == Opcode::Fsync && is_own_unique(unique) {
+                self.no_fsync = true;
+            }
+            return;
+        }
+        if let Some((fh, changes)) = syncs {
+            self.handles.mark_attempted(fh, changes);
+        }
+        if flushing {
+            self.record_failed_flush(opcode, nodeid, errno);
+        }
     }
 
     /// Paths of the open handles (files open for writing first), at most `cap`, for
@@ -563,7 +521,7 @@ impl Inflight {
         let mut v: Vec<(HandleMode, u64)> = self
             .handles
             .iter()
-            .flat_map(|((mode, _), hs)| hs.iter().map(move |oh| (*mode, oh.nodeid)))
+            .map(|(mode, oh)| (mode, oh.nodeid))
             .collect();
         v.sort_by_key(|(mode, id)| (*mode != HandleMode::Write, *id));
         v.into_iter()
@@ -578,8 +536,8 @@ impl Inflight {
         let mut ids: Vec<u64> = self
             .handles
             .iter()
-            .filter(|((mode, _), _)| *mode == HandleMode::Write)
-            .flat_map(|(_, hs)| hs.iter().filter(|oh| oh.unsynced()).map(|oh| oh.nodeid))
+            .filter(|(mode, oh)| *mode == HandleMode::Write && oh.unsynced())
+            .map(|(_, oh)| oh.nodeid)
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -673,15 +631,73 @@ impl Inflight {
     /// The kernel side is gone: no RELEASE will ever come, so every handle stops counting.
     /// Returns how many there were.
     pub fn release_all_handles(&mut self) -> usize {
-        let n = self.handles.values().map(Vec::len).sum();
-        self.handles.clear();
-        n
+        self.handles.clear()
     }
 
     /// Requests awaiting a reply.
     pub fn in_flight(&self) -> usize {
         self.pending.len()
     }
+}
+
+/// What a RELEASE needs before it goes on ([`Inflight::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReleasePlan {
+    /// Forward it (or it is no RELEASE of a known handle).
+    Forward,
+    /// Answer it with success here: a handle the relay opened itself.
+    AnswerHere,
+    /// An FSYNC of the relay's own of `fh` first ([`Admit::SyncFirst`]).
+    SyncFirst {
+        /// The handle to sync.
+        fh: u64,
+        /// The handle is the relay's own: answer the RELEASE here once the FSYNC is answered.
+        local_release: bool,
+    },
+}
+
+/// The kind of handle a successful reply to `opcode` creates: OPEN/CREATE/TMPFILE by the
+/// write intent of their flags, OPENDIR a directory; `None` for anything else.
+fn opened_mode(opcode: Opcode, body: &[u8]) -> Option<HandleMode> {
+    match opcode {
+        Opcode::Open | Opcode::Create | Opcode::Tmpfile => {
+            let flags = proto::open_flags(body).unwrap_or(0);
+            Some(if proto::is_write_intent(flags) {
+                HandleMode::Write
+            } else {
+                HandleMode::Read
+            })
+        }
+        Opcode::Opendir => Some(HandleMode::Dir),
+        _ => None,
+    }
+}
+
+/// What a successful reply does to `names`: an entry reply names the nodeid it returns (and
+/// returns it), UNLINK/RMDIR and RENAME/RENAME2 unlink or move names, READDIRPLUS names every
+/// entry. `None` unless an entry reply gave a nodeid.
+fn learn_names(names: &mut Names, op: Option<&NameOp>, body: &[u8]) -> Option<u64> {
+    match op? {
+        NameOp::Entry { parent, name } => {
+            let id = proto::entry_nodeid(body)?;
+            names.entry(*parent, name, id);
+            return Some(id);
+        }
+        NameOp::Unlink { parent, name } => names.unlink(*parent, name),
+        NameOp::Rename {
+            olddir,
+            old,
+            newdir,
+            new,
+            exchange,
+        } => names.rename(*olddir, old, *newdir, new, *exchange),
+        NameOp::Readdirplus { parent } => {
+            for (id, name) in proto::direntplus_entries(body) {
+                names.entry(*parent, name, id);
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! - [`init`]: the message-size cap and the INIT rewrite (pure);
 //! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
 //! - [`names`]: paths of nodeids, for naming open files (pure state);
-//! - [`engine`]: the pump thread;
+//! - [`engine`]: the running relay: its pump thread between the kernel's fd and the daemon's
+//!   socket, the notifier thread, the relay's own requests, INIT, the end of the stream
+//!   (where the daemon's socket is closed) and the status (its module doc maps its files);
 //! - [`run`]: the fd plumbing, the daemon process and the lifecycle of `drainfs relay`.
 
 pub mod engine;

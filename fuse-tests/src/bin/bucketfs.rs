@@ -39,7 +39,9 @@
 //!   `--notify-on-lookup SUBSTR` send `NOTIFY_INVAL_INODE` / `NOTIFY_INVAL_ENTRY` from a
 //!   thread of their own while the READ / LOOKUP that prompted them is still pending (answered
 //!   `--notify-lead` later), as jacobsa/fuse daemons do from their notifier goroutine;
-//!   `--open-enosys` answers OPEN with ENOSYS (the kernel's no-open mode).
+//!   `--open-enosys` answers OPEN with ENOSYS (the kernel's no-open mode);
+//!   `--oversized-read SUBSTR` answers READs one byte longer than asked, a reply the kernel
+//!   refuses with EINVAL (after failing the READ with EIO itself).
 //!
 //! With `--events FILE` every interesting moment (mount, upload start/done/failure, signal,
 //! unmount, exit) is appended to `FILE` as one JSON object per line, for tests to assert
@@ -138,6 +140,12 @@ struct Args {
     /// stop signal makes bucketfs unmount).
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
     read_delay: Duration,
+
+    /// READs of keys containing SUBSTR are answered with one byte more than the kernel asked
+    /// for: a reply the kernel refuses (the write gives EINVAL), failing that READ with EIO
+    /// itself.
+    #[arg(long, value_name = "SUBSTR")]
+    oversized_read: Option<String>,
 
     /// What SIGTERM does: `graceful` (unmount and exit, gcsfuse >= v2.6.0) or `instant` (die at
     /// once without unmounting, gcsfuse < v2.6.0).
@@ -240,6 +248,8 @@ struct UploadPolicy {
     slow_read: Option<String>,
     /// Sleep before each slow read.
     read_delay: Duration,
+    /// READs of keys containing this are answered with one byte more than asked for.
+    oversized_read: Option<String>,
 }
 
 /// One inode: a directory or an object (regular file) of the bucket.
@@ -1207,8 +1217,12 @@ impl Filesystem for BucketFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let mut oversized = false;
         let result = (|| {
             let node = self.node(ino)?;
+            if let Some(sub) = &self.policy.oversized_read {
+                oversized = node.state.lock().key.contains(sub.as_str());
+            }
             if let Some(sub) = &self.notify.read {
                 let key = node.state.lock().key.clone();
                 if key.contains(sub.as_str()) {
@@ -1239,7 +1253,12 @@ impl Filesystem for BucketFs {
             }
         })();
         match result {
-            Ok(data) => reply.data(&data),
+            Ok(mut data) => {
+                if oversized {
+                    data.resize(size as usize + 1, 0);
+                }
+                reply.data(&data)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1679,6 +1698,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
         hang: args.hang_upload.clone(),
         slow_read: args.slow_read.clone(),
         read_delay: args.read_delay,
+        oversized_read: args.oversized_read.clone(),
     };
     let mut fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
     fs.refuse_init = args.refuse_init;

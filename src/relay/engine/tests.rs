@@ -4,13 +4,17 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socketpair};
 
+use super::pump::{Handled, SpinPolicy};
 use super::*;
+use crate::accounting::Outstanding;
+use crate::relay::inflight::is_own_unique;
 use crate::relay::proto::tests::{reply, request};
+use crate::relay::proto::{self, InHeader, Opcode, OutHeader};
 use crate::relay::proto::{put_u16, put_u32, u16_at, u32_at};
 
 const T: Duration = Duration::from_secs(5);
