@@ -266,6 +266,9 @@ pub struct Outcome {
     /// What was outstanding when the lower's process had to be SIGKILLed
     /// ([`Machine::outstanding_at_kill`]).
     pub outstanding_at_kill: Option<Outstanding>,
+    /// Read-only requests in flight when the teardown began ([`Machine::at_teardown`]): the
+    /// teardown may have cut them off (ending the lower's connection) before the kill.
+    pub reads_at_teardown: i64,
     /// A close of the lower fds drainfs held did not finish within its budget: its result (an
     /// upload) is unknown.
     pub closes_unfinished: bool,
@@ -273,13 +276,17 @@ pub struct Outcome {
 
 /// The exit status for an outcome: 69 when the lower died or stopped uncleanly on its own;
 /// 75 when work was outstanding at a force, a flush failed, a close of a lower fd did not
-/// finish, or the lower was SIGKILLed with work that may change data outstanding; 1 when
+/// finish, or the lower was SIGKILLed (unless read-only requests explain it, below); 1 when
 /// drainfs itself failed; else 0.
 ///
-/// A lower SIGKILLed with only read-only requests in flight and no file open for writing
-/// ([`Outstanding::is_drained`] at the kill) loses nothing: gcsfuse (jacobsa/fuse's
-/// `ServeOps`) waits for its in-flight ops before it exits, so a READ it cannot answer (the
-/// bucket unreachable) makes it miss its stop budget although every upload is done.
+/// A lower SIGKILLed with nothing but read-only requests outstanding ([`Outstanding::is_drained`]
+/// at the kill) while such requests were in flight (at the kill, or when the teardown began
+/// and then cut them off) loses nothing: gcsfuse
+/// (jacobsa/fuse's `ServeOps`) waits for its in-flight ops before it exits, so a READ it
+/// cannot answer (the bucket unreachable) makes it miss its stop budget although every upload
+/// is done. A lower killed with nothing visible outstanding stays 75: it was busy with work
+/// of its own (an upload drainfs cannot see, such as rclone's write-back, or a read that
+/// kernel passthrough kept out of drainfs's counts).
 pub fn exit_code(o: &Outcome) -> ExitCode {
     if o.lower_died || (o.lower_stop == Some(LowerStop::Unclean) && o.forced.is_none()) {
         return ExitCode::LowerFailed;
@@ -289,8 +296,10 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
     }
     let forced_with_work =
         o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
-    let killed_with_work = o.lower_stop == Some(LowerStop::Killed)
-        && !o.outstanding_at_kill.is_some_and(|w| w.is_drained());
+    let killed_for_reads = o
+        .outstanding_at_kill
+        .is_some_and(|w| w.is_drained() && (w.in_flight_read > 0 || o.reads_at_teardown > 0));
+    let killed_with_work = o.lower_stop == Some(LowerStop::Killed) && !killed_for_reads;
     if forced_with_work || o.failed_flushes > 0 || o.closes_unfinished || killed_with_work {
         return ExitCode::Incomplete;
     }
@@ -1426,7 +1435,7 @@ mod tests {
     }
 
     /// Issue 17.7: a lower SIGKILLed with only read-only requests in flight loses nothing;
-    /// with anything that may change data outstanding (or unknown), it is 75.
+    /// with anything that may change data outstanding, nothing at all, or unknown, it is 75.
     #[test]
     fn a_lower_killed_with_only_reads_in_flight_is_clean() {
         let killed = |at_kill: Option<Outstanding>| Outcome {
@@ -1443,9 +1452,26 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(exit_code(&killed(Some(reads))), ExitCode::Clean);
+        // Nothing visible outstanding: the lower was busy with work of its own.
         assert_eq!(
             exit_code(&killed(Some(Outstanding::default()))),
+            ExitCode::Incomplete
+        );
+        // Reads in flight when the teardown began, cut off (the lower's connection ended)
+        // before the kill: they explain it.
+        assert_eq!(
+            exit_code(&Outcome {
+                reads_at_teardown: 2,
+                ..killed(Some(Outstanding::default()))
+            }),
             ExitCode::Clean
+        );
+        assert_eq!(
+            exit_code(&Outcome {
+                reads_at_teardown: 2,
+                ..killed(Some(busy()))
+            }),
+            ExitCode::Incomplete
         );
         // Not known what was outstanding: as before, 75.
         assert_eq!(exit_code(&killed(None)), ExitCode::Incomplete);

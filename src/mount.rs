@@ -471,6 +471,28 @@ pub fn unmount_mount(
     })
 }
 
+/// Unmounts `m` now with one non-lazy `umount2(2)` (no helper process, no retry), when it is
+/// still the topmost mount at its mount point.
+///
+/// # Errors
+/// `ENOENT` when `m` is gone already, `EBUSY` when another mount is stacked on top of it (or
+/// it is in use), `EPERM` without CAP_SYS_ADMIN, `EINVAL` for a path with a NUL byte.
+pub fn unmount_now(m: &MountInfo) -> std::io::Result<()> {
+    match not_on_top(m) {
+        Some(Unmounted::NotMounted) => return Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
+        Some(_) => return Err(std::io::Error::from_raw_os_error(libc::EBUSY)),
+        None => {}
+    }
+    let c = std::ffi::CString::new(m.mount_point.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: umount2 on a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// `None` when `m` is the topmost mount at its mount point; otherwise what to answer instead
 /// (`NotMounted`: the ID is gone; `Covered`: something is stacked on it), logged.
 fn not_on_top(m: &MountInfo) -> Option<Unmounted> {

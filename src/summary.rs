@@ -75,6 +75,23 @@ pub struct Timings {
     pub exit_ms: Option<u64>,
 }
 
+/// How the lower's FUSE mount went away at the end (mount path, supervised lower).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LowerUnmount {
+    /// drainfs unmounted it (one `umount2`, drained, instead of the stop signal): the lower's
+    /// session ends and it exits by itself. gcsfuse unmounts only through fusermount, which
+    /// a FROM-scratch image lacks.
+    Drainfs,
+    /// It was gone after the stop signal: the lower unmounted itself.
+    Lower,
+    /// Still mounted (busy) after the stop signal with nothing outstanding: drainfs ended its
+    /// FUSE connection and detached it.
+    Aborted,
+    /// It lingered after the lower's process ended (or was killed): drainfs removed it.
+    Removed,
+}
+
 /// The shutdown summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -91,6 +108,9 @@ pub struct Summary {
     pub lower_died: Option<String>,
     /// How the lower's process ended.
     pub lower_exit: Option<String>,
+    /// How the lower's FUSE mount went away (`None`: there was none to remove: the relay, an
+    /// unsupervised lower, or it never mounted).
+    pub lower_unmount: Option<LowerUnmount>,
     /// Phase timings.
     pub timings: Timings,
     /// What was outstanding when the exit was forced.
@@ -129,6 +149,8 @@ pub struct Record {
     pub lower_exit: Option<String>,
     /// How the lower's process was stopped (`None`: never stopped).
     pub lower_stop: Option<LowerStop>,
+    /// How the lower's FUSE mount went away.
+    pub lower_unmount: Option<LowerUnmount>,
     /// drainfs itself failed (could not mount or serve, its control plane failed): exit 1.
     pub failed: bool,
     /// A close of lower fds did not finish within its budget (its upload's result is unknown).
@@ -159,6 +181,7 @@ impl Record {
             failed_flushes: self.failed_flushes.len(),
             failed: self.failed,
             outstanding_at_kill: machine.outstanding_at_kill(),
+            reads_at_teardown: machine.at_teardown().map_or(0, |o| o.in_flight_read),
             closes_unfinished: self.closes_unfinished,
         }
     }
@@ -183,6 +206,7 @@ impl Summary {
             forced: machine.forced(),
             lower_died: machine.lower_died().map(str::to_string),
             lower_exit: record.lower_exit.clone(),
+            lower_unmount: record.lower_unmount,
             timings: record.timings.clone(),
             outstanding_at_force: machine.outstanding_at_force(),
             open_paths: record.open_paths.clone(),
@@ -404,6 +428,7 @@ mod tests {
             forced: None,
             lower_died: None,
             lower_exit: None,
+            lower_unmount: None,
             timings: Timings::default(),
             outstanding_at_force: None,
             in_flight_opens: Vec::new(),
@@ -518,6 +543,7 @@ mod tests {
             forced: Some(Forced::Deadline),
             lower_died: None,
             lower_exit: None,
+            lower_unmount: None,
             timings: Timings::default(),
             outstanding_at_force: None,
             in_flight_opens: Vec::new(),

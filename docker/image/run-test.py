@@ -511,6 +511,16 @@ def test_sidecar(stack, workdir):
     grace = int(inv["termination_grace_period_seconds"])
     code = c.wait(grace + 10)
     check_outcome("sidecar", c, t["t"], code, term_log, port, files, refused, within=float(grace))
+    # The image has no fusermount, so gcsfuse cannot unmount itself on SIGINT: drainfs, drained
+    # and privileged, unmounts it first, and gcsfuse exits 0 by itself (no aborted connection).
+    try:
+        with open(term_log) as f:
+            summary = json.load(f)
+    except ValueError:
+        summary = {}
+    check(summary.get("lower_unmount") == "drainfs" and summary.get("lower_exit") == "exit 0",
+          f"sidecar: drainfs unmounted gcsfuse and gcsfuse exited 0 (lower_unmount {summary.get('lower_unmount')!r},"
+          f" lower_exit {summary.get('lower_exit')!r})")
     check(not any(line.split()[4] == data and " - fuse" in line for line in open("/proc/self/mountinfo")),
           "sidecar: no FUSE mount left at /data on the node")
 

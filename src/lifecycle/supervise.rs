@@ -15,6 +15,7 @@ use super::lower::{Lower, clean_stop, spawn_lower};
 use super::{Event, blocking};
 use crate::config::LowerProcess;
 use crate::drain::{Cause, ExitCode, Forced, LowerStop, Observation, Phase, Step};
+use crate::summary::LowerUnmount;
 use crate::{mount, procs};
 
 /// After a clean drain, how long the lower may take to exit on its stop signal before drainfs
@@ -138,6 +139,9 @@ impl Executor {
             return;
         };
         let (path, id) = (m.mount_point.clone(), m.id);
+        if self.lower.watched() {
+            self.record.lower_unmount = Some(LowerUnmount::Removed);
+        }
         let exited = self.lower.exited().is_some() || !self.lower.watched();
         let res = self
             .bounded(
@@ -180,9 +184,13 @@ impl Executor {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             };
-            let _ = self
+            let gone = self
                 .bounded(|b| b.lower_kill.min(Duration::from_secs(2)), gone)
-                .await;
+                .await
+                .is_some();
+            if gone && self.record.lower_unmount.is_none() {
+                self.record.lower_unmount = Some(LowerUnmount::Lower);
+            }
         }
         self.remove_lower_mount(self.lower.mount.clone()).await;
     }
@@ -204,8 +212,14 @@ impl Executor {
         if self.lower.exited().is_none()
             && let Some(sig) = sig
         {
-            tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+            // After drainfs's own unmount the lower's session ends and it exits by itself; it
+            // gets no stop signal, because its own unmount on that signal would now hit the
+            // mount beneath (`fusermount3 -u` as root removes a volume's bind mount too).
+            let unmounted = self.drained() && self.unmount_lower_first().await;
+            if !unmounted {
+                tracing::info!(pid, signal = sig.as_str(), "stopping the lower's process");
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+            }
         }
         let mut st = self.wait_lower_stopped().await;
         let killed = st.is_none();
@@ -228,11 +242,56 @@ impl Executor {
         }
     }
 
+    /// Triggered and not forced: everything was drained (and drainfs's own mount is gone), so
+    /// ending the lower's FUSE session loses nothing.
+    fn drained(&self) -> bool {
+        self.machine.forced().is_none() && self.machine.triggered()
+    }
+
+    /// Drained: unmounts the lower's FUSE mount itself, instead of sending its stop signal,
+    /// with one non-lazy `umount2` (only when it is the topmost mount at its mount point; needs
+    /// CAP_SYS_ADMIN). The lower's session then ends (its read of `/dev/fuse` returns ENODEV)
+    /// and it exits by itself: gcsfuse v3.11.2 exits 0 within milliseconds. Without this, a
+    /// gcsfuse with no `fusermount` on its PATH (a FROM-scratch image) cannot unmount on
+    /// SIGINT, logs that it waits 30 s, and is ended only by [`LOWER_BUSY_AFTER`]'s abort.
+    /// Returns whether the mount is gone; on any failure (EPERM without the capability, EBUSY
+    /// while a process still uses the lower) the lower gets its stop signal and unmounts
+    /// itself, as before.
+    async fn unmount_lower_first(&mut self) -> bool {
+        let Some(m) = self.lower.mount.clone().filter(|m| m.is_fuse()) else {
+            return false;
+        };
+        let path = m.mount_point.clone();
+        let res = self
+            .bounded(
+                |b| b.lower_stop.min(Duration::from_secs(1)),
+                blocking(move || mount::unmount_now(&m)),
+            )
+            .await;
+        match res {
+            Some(Ok(())) => {
+                tracing::info!(lower = %path.display(), "drained: unmounted the lower's FUSE mount; it exits by itself, without a stop signal");
+                self.record.lower_unmount = Some(LowerUnmount::Drainfs);
+                true
+            }
+            Some(Err(e)) => {
+                tracing::debug!(lower = %path.display(), error = %e, "not unmounting the lower first; it unmounts itself on its stop signal");
+                false
+            }
+            None => {
+                tracing::warn!(lower = %path.display(), "unmounting the lower did not finish within its budget");
+                // Whether it went is unknown: the lower's own unmount could hit what is
+                // beneath, so no stop signal once it is gone.
+                mount::mount_by_id(self.lower.mount.as_ref().map_or(0, |m| m.id)).is_none()
+            }
+        }
+    }
+
     /// Waits (within the lower's stop budget) for the lower's process to exit. `None` when
     /// the budget ran out.
     async fn wait_lower_stopped(&mut self) -> Option<WaitStatus> {
         let wait = self.lower.wait();
-        if self.machine.forced().is_some() || !self.machine.triggered() {
+        if !self.drained() {
             return self.bounded(|b| b.lower_stop, wait).await;
         }
         // Drained: nothing can be lost by ending the lower's connection. If its own unmount
@@ -253,6 +312,7 @@ impl Executor {
             .filter(|m| mount::mount_by_id(m.id).is_some())
         {
             tracing::info!(lower = %m.mount_point.display(), "the lower is still mounted (busy) after its stop signal; nothing is outstanding, so ending its FUSE connection");
+            self.record.lower_unmount = Some(LowerUnmount::Aborted);
             let _ = blocking(move || {
                 mount::abort_mount(&m);
                 mount::unmount_mount(&m, true, Duration::from_secs(5))
@@ -273,10 +333,12 @@ impl Executor {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         let at_kill = self.shared.acct.outstanding();
         self.machine.lower_killed(Instant::now(), at_kill);
-        if at_kill.is_drained() {
+        let reads = at_kill
+            .in_flight_read
+            .max(self.machine.at_teardown().map_or(0, |o| o.in_flight_read));
+        if at_kill.is_drained() && reads > 0 {
             self.record.notes.push(format!(
-                "the lower's process was SIGKILLed with only read-only work outstanding ({} request(s) in flight, no file open for writing): nothing of it can be lost",
-                at_kill.in_flight_read
+                "the lower's process was SIGKILLed with only read-only work outstanding ({reads} read-only request(s), no file open for writing): nothing of it can be lost"
             ));
         }
         self.shared.count_forced(Forced::LowerSigkill);
