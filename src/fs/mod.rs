@@ -36,6 +36,7 @@
 
 mod handles;
 mod inodes;
+mod open_files;
 pub mod sys;
 
 use std::collections::HashMap;
@@ -52,10 +53,10 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::accounting::{Accounting, HandleMode, LowerCall};
 use crate::error::{Error, Kind, Result};
-pub use handles::Backing;
 use handles::{DirStream, Handle, HandleKind, HandleTable};
 pub use inodes::ROOT_ID;
 use inodes::{Inode, InodeKey, InodeStore};
+pub use open_files::Backing;
 pub use sys::Caller;
 use sys::Stat;
 
