@@ -45,6 +45,7 @@ use crate::config::PassthroughMode;
 use crate::error::{Error, Kind};
 use crate::fs::sys::{Stat, Timestamps};
 use crate::fs::{Backing, Caller, Entry, Fs, Opened, Passthrough, RegisterBacking, XattrReply};
+pub use crate::mount::has_cap_sys_admin;
 
 /// Largest WRITE the kernel sends (`max_write`) and the readahead window (`max_readahead`):
 /// 1 MiB.
@@ -107,17 +108,6 @@ impl DrainFs {
         self.lower_fs = Some((fstype.to_string(), source.to_string()));
         self
     }
-}
-
-/// Whether the calling thread has CAP_SYS_ADMIN in its effective set (needed for
-/// `FUSE_DEV_IOC_BACKING_OPEN`); false when `capget` fails.
-pub fn has_cap_sys_admin() -> bool {
-    caps::has_cap(
-        None,
-        caps::CapSet::Effective,
-        caps::Capability::CAP_SYS_ADMIN,
-    )
-    .unwrap_or(false)
 }
 
 /// A backing id registered for passthrough, type-erased for the core.
