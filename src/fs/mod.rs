@@ -168,6 +168,10 @@ pub struct Passthrough<'a> {
     pub only_if_shared: bool,
 }
 
+/// `name` as a C string for the lower's `*at` calls.
+///
+/// # Errors
+/// `EINVAL` ([`Kind::BadName`]) for a name with a NUL byte.
 fn cname(name: &OsStr) -> Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| Kind::BadName.into())
 }
@@ -248,6 +252,10 @@ impl Fs {
         Ok(())
     }
 
+    /// The inode `nodeid`.
+    ///
+    /// # Errors
+    /// `ESTALE` for a nodeid the kernel no longer holds.
     fn inode(&self, nodeid: u64) -> Result<Arc<Inode>> {
         self.inodes
             .get(nodeid)

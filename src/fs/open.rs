@@ -6,10 +6,11 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use super::attr::privs_to_kill;
 use super::handles::{Handle, HandleKind};
 use super::inodes::{Inode, InodeKey};
 use super::sys::{self, Caller};
-use super::{Entry, Fs, Opened, RegisterBacking, cname, privs_to_kill};
+use super::{Entry, Fs, Opened, RegisterBacking, cname};
 use crate::accounting::HandleMode;
 use crate::error::{Error, Kind, Result};
 
