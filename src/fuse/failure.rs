@@ -11,14 +11,18 @@ use super::DrainFs;
 use crate::accounting::OpGuard;
 use crate::error::Error;
 
+/// The errno to reply with for `e`.
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.raw_errno())
 }
 
 /// What a failed request was about, as the kernel named it.
 pub(super) struct At<'a> {
+    /// The request's nodeid (the parent's for a request about a name in it).
     pub(super) nodeid: u64,
+    /// The fh, for a request on an open file or directory.
     pub(super) fh: Option<u64>,
+    /// The name, for a request about a name in a directory.
     pub(super) name: Option<&'a OsStr>,
 }
 

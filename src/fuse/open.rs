@@ -19,7 +19,9 @@ pub(super) fn backing(id: std::io::Result<fuser::BackingId>) -> std::io::Result<
 
 /// What an OPEN or CREATE replies with (see [`DrainFs::open_reply`]).
 pub(super) struct OpenReply {
+    /// The core's fh.
     pub(super) fh: FileHandle,
+    /// FOPEN flags ([`DrainFs::open_flags`]).
     pub(super) flags: FopenFlags,
     /// Fuser's backing id, for a passthrough open.
     pub(super) backing: Option<Arc<fuser::BackingId>>,
