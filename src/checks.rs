@@ -98,7 +98,7 @@ fn mount_problems(cfg: &RunConfig, out: &mut Vec<String>) {
         }
     }
     dev_fuse_problem(out);
-    if mount::which("fusermount3").is_none() && !crate::fuse::has_cap_sys_admin() {
+    if mount::which("fusermount3").is_none() && !mount::has_cap_sys_admin() {
         out.push(
             "fusermount3 not found on PATH and no CAP_SYS_ADMIN; install fuse3 (apt-get install fuse3)"
                 .into(),

@@ -1,6 +1,8 @@
 //! Mount-table facts and mount/unmount actions: pre-flight checks of `run`, finding mounts in
-//! `/proc/self/mountinfo`, unmounting with `fusermount3` or `umount2`, and detecting dead FUSE
-//! mounts ("Transport endpoint is not connected").
+//! `/proc/self/mountinfo`, unmounting with `fusermount3` or `umount2`, detecting dead FUSE
+//! mounts ("Transport endpoint is not connected"), and whether drainfs holds CAP_SYS_ADMIN
+//! ([`has_cap_sys_admin`]: mount(2) itself instead of `fusermount3`, and kernel passthrough's
+//! backing files).
 //!
 //! Mounts are identified by their mount ID, never by path: in Kubernetes every `volumeMount` is
 //! a bind mount, so the mountpoint and the lower are usually mount points of the volume itself,
@@ -246,12 +248,24 @@ pub fn preflight(
     }
     // With CAP_SYS_ADMIN drainfs mounts with mount(2) and unmounts with umount2: the helper is
     // needed only without it.
-    if which("fusermount3").is_none() && !crate::fuse::has_cap_sys_admin() {
+    if which("fusermount3").is_none() && !has_cap_sys_admin() {
         return Err(Preflight(
             "fusermount3 not found on PATH; install fuse3 (apt-get install fuse3)".to_string(),
         ));
     }
     Ok((lower_abs, mp_abs))
+}
+
+/// Whether the calling thread has CAP_SYS_ADMIN in its effective set: with it drainfs mounts
+/// with mount(2) and unmounts with umount2 (no `fusermount3` needed), and can register
+/// passthrough backing files (`FUSE_DEV_IOC_BACKING_OPEN`). False when `capget` fails.
+pub fn has_cap_sys_admin() -> bool {
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    )
+    .unwrap_or(false)
 }
 
 /// Whether the (live) topmost mount `m` at a `flag` path is acceptable: a non-FUSE mount is a

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::handles::OpenFiles;
+use super::open_files::OpenFiles;
 use super::sys::Stat;
 
 /// The root's nodeid (FUSE_ROOT_ID).

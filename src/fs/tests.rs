@@ -3,6 +3,7 @@
 use super::*;
 
 use std::cell::RefCell;
+use std::sync::atomic::Ordering::SeqCst;
 
 /// Points in the core where a test can run code, to force an interleaving of two requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
