@@ -1,0 +1,288 @@
+
+use super::*;
+use clap::Parser;
+
+#[test]
+fn durations() {
+    let cases = [
+        ("30", Some(Duration::from_secs(30))),
+        ("30s", Some(Duration::from_secs(30))),
+        ("1500ms", Some(Duration::from_millis(1500))),
+        ("0.5", Some(Duration::from_millis(500))),
+        ("1m 30s", Some(Duration::from_secs(90))),
+        ("-1", None),
+        ("soon", None),
+        ("", None),
+    ];
+    for (input, want) in cases {
+        assert_eq!(parse_duration(input).ok(), want, "input {input:?}");
+    }
+}
+
+#[test]
+fn signals() {
+    use nix::sys::signal::Signal;
+    let cases = [
+        ("SIGINT", Some(Signal::SIGINT)),
+        ("int", Some(Signal::SIGINT)),
+        ("TERM", Some(Signal::SIGTERM)),
+        ("9", Some(Signal::SIGKILL)),
+        ("SIGNOPE", None),
+        ("999", None),
+    ];
+    for (input, want) in cases {
+        assert_eq!(parse_signal(input).ok(), want, "input {input:?}");
+    }
+}
+
+fn run_config(args: &[&str], native_env: Option<&str>) -> Result<RunConfig, String> {
+    let mut argv = vec!["drainfs", "run"];
+    argv.extend_from_slice(args);
+    match Cli::try_parse_from(argv)
+        .map_err(|e| e.to_string())?
+        .command
+    {
+        Command::Run(a) => a.into_config(native_env),
+        other => panic!("parsed {other:?}"),
+    }
+}
+
+#[test]
+fn go_bools_exactly() {
+    for t in ["1", "t", "T", "TRUE", "true", "True"] {
+        assert_eq!(parse_go_bool(t), Ok(true), "{t}");
+    }
+    for f in ["0", "f", "F", "FALSE", "false", "False"] {
+        assert_eq!(parse_go_bool(f), Ok(false), "{f}");
+    }
+    for bad in [
+        "", "yes", "no", "on", "off", "y", "n", "tRuE", "fALSE", " true", "2", "TRUE ",
+    ] {
+        assert!(parse_go_bool(bad).is_err(), "accepted {bad:?}");
+    }
+}
+
+#[test]
+fn native_sidecar_env_is_strict() {
+    let base = ["--lower", "/l", "--mountpoint", "/m"];
+    for (v, want) in [
+        ("TRUE", true),
+        ("t", true),
+        ("1", true),
+        ("False", false),
+        ("0", false),
+    ] {
+        let c = run_config(&base, Some(v)).unwrap();
+        assert_eq!(c.lifecycle.native_sidecar, want, "NATIVE_SIDECAR={v}");
+    }
+    for bad in ["yes", "on", "", "tRUE", "enabled"] {
+        let e = run_config(&base, Some(bad)).unwrap_err();
+        assert!(e.starts_with("NATIVE_SIDECAR="), "{bad:?}: {e}");
+    }
+}
+
+#[test]
+fn log_levels() {
+    for ok in [
+        "info",
+        "WARN",
+        "off",
+        "info,drainfs=debug",
+        "drainfs::relay=trace",
+        "info,fuser=error",
+    ] {
+        assert_eq!(parse_log_level(ok).as_deref(), Ok(ok), "{ok}");
+    }
+    for bad in [
+        "warning",
+        "",
+        "drainfs=loud",
+        "info,verbose",
+        "=debug",
+        "fatal",
+    ] {
+        assert!(parse_log_level(bad).is_err(), "accepted {bad:?}");
+    }
+}
+
+fn env_check(sub: &str, vars: &[(&str, &str)]) -> Vec<String> {
+    let args: Vec<std::ffi::OsString> = ["drainfs", sub].iter().map(|a| a.into()).collect();
+    env_problems_from(&args, |name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| std::ffi::OsString::from(v))
+    })
+}
+
+#[test]
+fn env_values_are_checked_and_named() {
+    let good = [
+        ("DRAINFS_GRACE_PERIOD", "60"),
+        ("DRAINFS_NATIVE_SIDECAR", "TRUE"),
+        ("DRAINFS_LOG_LEVEL", "info"),
+        ("DRAINFS_PASSTHROUGH", "reads"),
+        ("DRAINFS_EXIT_FILE", "/a,/b"),
+        ("DRAINFS_ADMIN_ADDR", "0.0.0.0:9090"),
+        ("DRAINFS_RELAY", "false"),
+    ];
+    assert_eq!(env_check("run", &good), Vec::<String>::new());
+    let bad = [
+        ("DRAINFS_GRACE_PERIOD", "soon", "run"),
+        ("DRAINFS_GRACE_PERIOD", "soon", "relay"),
+        ("DRAINFS_LOG_LEVEL", "warning", "run"),
+        ("DRAINFS_LOG_LEVEL", "warning", "relay"),
+        ("DRAINFS_NATIVE_SIDECAR", "yes", "run"),
+        ("DRAINFS_LOG_TO_STDOUT", "on", "relay"),
+        ("DRAINFS_PASSTHROUGH", "maybe", "run"),
+        ("DRAINFS_THREADS", "0", "run"),
+        ("DRAINFS_ADMIN_ADDR", "localhost", "run"),
+        ("DRAINFS_EOF_EXIT_CODES", "0,x", "relay"),
+        ("DRAINFS_SPIN", "fast", "relay"),
+        ("DRAINFS_RELAY", "no", "run"),
+        ("DRAINFS_QUIET_PERIOD", "", "run"),
+    ];
+    for (k, v, sub) in bad {
+        let p = env_check(sub, &[(k, v)]);
+        assert_eq!(p.len(), 1, "{sub} {k}={v}: {p:?}");
+        assert!(p[0].starts_with(k), "{sub} {k}={v}: {p:?}");
+    }
+    // Every problem is reported, not only the first.
+    let p = env_check(
+        "run",
+        &[
+            ("DRAINFS_GRACE_PERIOD", "soon"),
+            ("DRAINFS_LOG_LEVEL", "warning"),
+        ],
+    );
+    assert_eq!(p.len(), 2, "{p:?}");
+    // Control commands read DRAINFS_CONTROL_SOCKET only; unknown subcommands nothing.
+    assert!(env_check("status", &[("DRAINFS_GRACE_PERIOD", "soon")]).is_empty());
+    assert!(env_check("nope", &[("DRAINFS_GRACE_PERIOD", "soon")]).is_empty());
+}
+
+#[test]
+fn relay_flag_rules() {
+    assert!(
+        run_config(
+            &["--mountpoint", "/m", "--relay", "--", "d", "/dev/fd/3"],
+            None
+        )
+        .unwrap()
+        .relay
+        .is_some()
+    );
+    assert!(run_config(&["--mountpoint", "/m", "--relay"], None).is_err());
+    assert!(
+        run_config(
+            &["--lower", "/l", "--mountpoint", "/m", "--relay", "--", "d"],
+            None
+        )
+        .is_err()
+    );
+    assert!(
+        run_config(
+            &["--lower", "/l", "--mountpoint", "/m", "--relay=false"],
+            None
+        )
+        .unwrap()
+        .relay
+        .is_none()
+    );
+}
+
+#[test]
+fn run_args_table() {
+    let c = run_config(&["--lower", "/l", "--mountpoint", "/m"], None).unwrap();
+    assert_eq!(c.lifecycle.grace_period, Duration::from_secs(30));
+    assert_eq!(c.lifecycle.grace_margin, Duration::from_secs(3));
+    assert!(!c.lifecycle.native_sidecar);
+    assert!(matches!(
+        c.lifecycle.lower_process,
+        LowerProcess::Adopted { pid: None }
+    ));
+
+    let c = run_config(
+        &[
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--grace-period",
+            "3s",
+        ],
+        Some("TRUE"),
+    )
+    .unwrap();
+    assert_eq!(c.lifecycle.grace_margin, Duration::from_millis(300));
+    assert!(c.lifecycle.native_sidecar);
+
+    let c = run_config(
+        &[
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--exit-file",
+            "/a",
+            "--exit-file",
+            "/b",
+            "--",
+            "gcsfuse",
+            "--foreground",
+            "b",
+            "/l",
+        ],
+        Some("false"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.lifecycle.exit_files,
+        vec![PathBuf::from("/a"), PathBuf::from("/b")]
+    );
+    assert!(!c.lifecycle.native_sidecar);
+    match c.lifecycle.lower_process {
+        LowerProcess::Spawn { argv } => assert_eq!(argv.len(), 4),
+        other => panic!("{other:?}"),
+    }
+
+    for bad in [
+        vec!["--mountpoint", "/m"],
+        vec![
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--grace-period",
+            "soon",
+        ],
+        vec![
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--passthrough",
+            "maybe",
+        ],
+        vec!["--lower", "/l", "--mountpoint", "/m", "--threads", "0"],
+        vec![
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--lower-signal",
+            "SIGNOPE",
+        ],
+        vec![
+            "--lower",
+            "/l",
+            "--mountpoint",
+            "/m",
+            "--lower-pid",
+            "1",
+            "--",
+            "x",
+        ],
+    ] {
+        assert!(run_config(&bad, None).is_err(), "accepted {bad:?}");
+    }
+}
