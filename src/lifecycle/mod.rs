@@ -23,7 +23,8 @@
 //!    (door first) to the machine and carries out its steps: close the door, then begin the
 //!    teardown once drained or forced. Every phase change is logged once with its cause.
 //! 5. **Teardown** (the data path's file; the lower's stop in `supervise.rs`): unmount, close
-//!    the lower fds, stop the lower, remove its lingering mount. Every wait is bounded by a
+//!    the lower fds, stop the lower (drained: drainfs unmounts the lower's mount and it exits
+//!    by itself), remove its lingering mount. Every wait is bounded by a
 //!    [`crate::drain::Budget`] and re-bounded when a trigger (a second signal) arrives during
 //!    it ([`crate::drain::Machine::budget`] computes the deadline and each step's budget).
 //! 6. **Exit** ([`run`], here): the exit code from what the teardown recorded

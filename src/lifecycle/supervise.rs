@@ -1,6 +1,7 @@
 //! Supervising the lower, as the executor's steps: start it (spawn `-- COMMAND` and wait for
-//! its mount to appear, or adopt the mounted lower), stop it (its stop signal, or for the
-//! relay's daemon the end-of-stream the relay sends; SIGKILL after its budget), judge how it
+//! its mount to appear, or adopt the mounted lower), stop it (drained: unmount its FUSE mount,
+//! and it exits by itself; otherwise its stop signal, or for the relay's daemon the
+//! end-of-stream the relay sends; SIGKILL after its budget), judge how it
 //! ended ([`LowerStop`]), and remove its mount when it lingers, by mount ID only (never a
 //! volume's bind mount). Every wait is bounded ([`Executor::bounded`]).
 
@@ -195,8 +196,9 @@ impl Executor {
         self.remove_lower_mount(self.lower.mount.clone()).await;
     }
 
-    /// Sends the lower its stop signal and waits within the budget; SIGKILL after. Records
-    /// how it ended ([`LowerStop`], its wait status).
+    /// Stops the lower: drained, by unmounting its mount ([`Self::unmount_lower_first`]),
+    /// else by its stop signal (the relay's daemon: by the end-of-stream already sent); waits
+    /// within the budget, SIGKILL after. Records how it ended ([`LowerStop`], its wait status).
     pub(super) async fn stop_lower(&mut self, why: &str) {
         let Some(pid) = self.lower.pid else {
             self.record.lower_stop = Some(LowerStop::NotSupervised);
