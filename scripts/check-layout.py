@@ -13,7 +13,8 @@ children of their closest common ancestor that hold them (so `fs::handles` -> `f
 edge of `fs`'s children, `summary` -> `lifecycle::x` one of the crate's); an edge between a module
 and its own ancestor (a child using its parent's types) is not a circle.
 
-Usage: check-layout.py [--report] [ROOT]. Exit 0 when within the limits, 1 otherwise (each
+Usage: check-layout.py [--report] [ROOT], or --self-test (checks that a tree with a long file,
+a long function and a circle is caught, and a clean one passes). Exit 0 when within the limits, 1 otherwise (each
 offender printed as `path:line: what`); --report prints every file and the longest functions.
 """
 import os
@@ -287,10 +288,68 @@ def import_circles(root, texts):
     return bad
 
 
+def self_test():
+    """Runs the checks on small trees made for the purpose; exit 0 when each finding is right."""
+    import tempfile
+
+    def tree(files):
+        d = tempfile.mkdtemp(prefix="check-layout-")
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            with open(os.path.join(d, rel), "w") as f:
+                f.write(text)
+        return d
+
+    def problems(files):
+        import io, contextlib, shutil
+        d = tree(files)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = run(d, report=False)
+        shutil.rmtree(d)
+        return rc, out.getvalue()
+
+    long_fn = "fn long() {\n" + "    let _x = 1;\n" * (MAX_FN + 5) + "}\n"
+    short_fn = "fn short() {\n    let _s = \"}\";\n}\n"
+    tests_only = "#[cfg(test)]\nmod tests {\n" + long_fn + "}\n"
+    cases = [
+        ("clean", {"src/lib.rs": "mod a;\nmod b;\n", "src/a.rs": "use crate::b::X;\n" + short_fn,
+                   "src/b.rs": "pub struct X;\n" + tests_only}, 0, None),
+        ("long function", {"src/lib.rs": "mod a;\n", "src/a.rs": long_fn}, 1, "fn long is"),
+        ("long file", {"src/lib.rs": "mod a;\n", "src/a.rs": "// x\n" * (MAX_FILE + 1)}, 1,
+         "lines outside tests"),
+        ("circle", {"src/lib.rs": "mod a;\nmod b;\n", "src/a.rs": "use crate::b::Y;\npub struct X;\n",
+                    "src/b.rs": "use crate::{a::X};\npub struct Y;\n"}, 1, "import circle among a, b"),
+        ("nested circle", {"src/lib.rs": "mod fs;\n", "src/fs/mod.rs": "mod h;\nmod i;\n",
+                           "src/fs/h.rs": "use super::i::I;\npub struct H;\n",
+                           "src/fs/i.rs": "use super::h::H;\npub struct I;\n"}, 1,
+         "import circle among fs::h, fs::i"),
+        ("child uses parent", {"src/lib.rs": "mod fs;\n", "src/fs/mod.rs": "mod h;\npub use h::H;\npub struct P;\n",
+                               "src/fs/h.rs": "use super::P;\npub struct H;\n"}, 0, None),
+    ]
+    bad = 0
+    for name, files, want_rc, want_text in cases:
+        rc, out = problems(files)
+        ok = rc == want_rc and (want_text is None or want_text in out)
+        print(f"  [{'ok' if ok else 'FAIL'}] {name}: exit {rc}")
+        if not ok:
+            print(out)
+            bad += 1
+    print("check-layout self-test: " + ("passed" if not bad else f"{bad} case(s) failed"))
+    return 1 if bad else 0
+
+
 def main(argv):
+    if "--self-test" in argv:
+        return self_test()
     report = "--report" in argv
     args = [a for a in argv if a != "--report"]
     root = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    return run(root, report)
+
+
+def run(root, report):
+    """Checks the tree at `root`; prints the offenders; 0 when there are none, else 1."""
     bad, rows, fns, texts = [], [], [], {}
     for rel in sorted(files(root)):
         with open(os.path.join(root, rel), encoding="utf-8") as f:

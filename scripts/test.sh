@@ -3,8 +3,8 @@
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
 # fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
-# rustfmt, clippy with -D warnings, rustdoc with -D warnings, unit tests, the mount tests (which
-# really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
+# rustfmt, clippy with -D warnings, the layout limits, rustdoc with -D warnings, unit tests,
+# the mount tests (which really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
 # images (static drainfs, built with umoci and run in runc in the pod's shape), and smoke runs
 # of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter).
 set -euo pipefail
@@ -53,6 +53,10 @@ cargo fmt --all --check
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "layout: files within 800 lines, functions within 80, no import circle (scripts/check-layout.py)"
+python3 scripts/check-layout.py --self-test
+python3 scripts/check-layout.py
 
 step "cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
