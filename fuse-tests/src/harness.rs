@@ -291,3 +291,47 @@ pub fn over_bucketfs(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) 
         summary,
     }
 }
+
+impl BucketStack {
+    /// bucketfs's events so far.
+    pub fn events(&self) -> Vec<crate::bucket::BucketEvent> {
+        crate::bucket::read_events(&self.events)
+    }
+
+    /// Creates the exit file (and its directory) in place.
+    pub fn touch_exit_file(&self) {
+        std::fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
+        std::fs::write(&self.exit_file, b"").unwrap();
+    }
+
+    /// drainfs's summary file.
+    ///
+    /// # Panics
+    /// When it is missing or not JSON.
+    pub fn summary(&self) -> serde_json::Value {
+        crate::wait::summary_at(&self.summary)
+    }
+
+    /// drainfs's exit code (-1 for a signal), waiting up to `timeout`.
+    ///
+    /// # Panics
+    /// On timeout, with drainfs's stderr.
+    pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        self.m
+            .proc
+            .wait_exit(timeout, "drainfs")
+            .code()
+            .unwrap_or(-1)
+    }
+
+    /// Asserts that neither drainfs's mount nor the lower's is left.
+    pub fn assert_nothing_mounted(&self) {
+        assert!(!is_mounted(&self.m.mnt), "drainfs mount left behind");
+        assert!(!is_mounted(&self.m.lower), "lower mount left behind");
+    }
+
+    /// PID of the lower (drainfs's child, bucketfs), waiting up to 5 s for it.
+    pub fn lower_pid(&self) -> i32 {
+        self.m.proc.child_pid()
+    }
+}

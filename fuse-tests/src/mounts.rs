@@ -159,3 +159,55 @@ impl Drop for Unmount {
         force_unmount(&self.0);
     }
 }
+
+/// Where the FUSE control file system lives.
+pub const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+/// The FUSE control file system at [`FUSECTL`], mounted for as long as this lives when it was
+/// not mounted already (a bare VM or container may not have it).
+pub struct Fusectl {
+    /// Whether this guard mounted it (and so unmounts it).
+    mounted_here: bool,
+}
+
+impl Fusectl {
+    /// Mounts the control file system unless it is mounted already.
+    ///
+    /// # Panics
+    /// If mounting it fails.
+    pub fn ensure() -> Fusectl {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+
+    /// Aborts the FUSE connection of the mount at `mnt` (`FUSECTL/<minor of st_dev>/abort`).
+    ///
+    /// # Panics
+    /// If `mnt` cannot be stat'ed or the abort file cannot be written.
+    pub fn abort(mnt: &Path) {
+        let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(mnt).unwrap());
+        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
+        std::fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}

@@ -262,34 +262,6 @@ fn readdirplus_reports_dot_dot_as_the_parent(mode: &str) {
     assert_eq!(dotdot, fs::metadata(m.path("fresh/p")).unwrap().ino());
 }
 
-trait StackExt {
-    fn touch_exit_file(&self);
-    fn summary(&self) -> serde_json::Value;
-    fn wait_exit(&mut self, timeout: Duration) -> i32;
-}
-
-impl StackExt for BucketStack {
-    fn touch_exit_file(&self) {
-        fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
-        fs::write(&self.exit_file, b"").unwrap();
-    }
-
-    fn summary(&self) -> serde_json::Value {
-        serde_json::from_str(&fs::read_to_string(&self.summary).expect("summary file written"))
-            .unwrap()
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.m.proc.stderr_text()
-            )
-        });
-        st.code().unwrap_or(-1)
-    }
-}
-
 /// Writes through a shared mapping after `close()`: the lower's upload happens when drainfs
 /// closes its lower fd at RELEASE, and here it fails. drainfs must count that as a failed
 /// flush: exit 75, the file named in the summary, the lower flush error counted.

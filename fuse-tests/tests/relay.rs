@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use fuse_tests::bucket::{read_events, wait_for_event};
 use fuse_tests::fileops::{close, errno_name, names, pattern, show, write_file};
 use fuse_tests::harness::{is_mounted, wait_until};
+use fuse_tests::mounts::Fusectl;
 use fuse_tests::relay::{Daemon, Sidecar, Via, find_key, pid_exists, proc_status_field};
 
 /// The relay with no extra options.
@@ -649,55 +650,12 @@ fn lazy_unmount_stops_the_daemon_cleanly() {
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
 }
 
-/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
-/// lives when it was not mounted already.
-struct Fusectl {
-    /// Whether this guard mounted it (and so unmounts it).
-    mounted_here: bool,
-}
-
-/// Where the fuse control filesystem lives.
-const FUSECTL: &str = "/sys/fs/fuse/connections";
-
-impl Fusectl {
-    fn ensure() -> Fusectl {
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
-            return Fusectl {
-                mounted_here: false,
-            };
-        }
-        nix::mount::mount(
-            Some("fusectl"),
-            FUSECTL,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
-        Fusectl { mounted_here: true }
-    }
-}
-
-impl Drop for Fusectl {
-    fn drop(&mut self) {
-        if self.mounted_here {
-            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
 #[test]
 fn connection_abort_stops_the_daemon_cleanly() {
     let _fusectl = Fusectl::ensure();
     let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
     write_file(&s.path("kept.txt"), b"kept").unwrap();
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    let abort = format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    );
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     assert_stops_by_itself(&mut s);
     assert!(!is_mounted(&s.mnt));
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
@@ -734,12 +692,7 @@ fn connection_abort_with_a_writer_is_incomplete_and_names_the_file() {
     fs::create_dir(s.path("d")).unwrap();
     let mut f = fs::File::create(s.path("d/held")).unwrap();
     f.write_all(&[5u8; 100_000]).unwrap();
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    let abort = format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    );
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     let e = s.wait(Duration::from_secs(5));
     assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
     assert_eq!(e.code, Some(75), "{e}");
@@ -818,15 +771,6 @@ impl Drop for Mapping {
     }
 }
 
-/// The connection's abort file in fusectl.
-fn abort_file(s: &Sidecar) -> String {
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    )
-}
-
 /// Issue 17.1: the daemon sends NOTIFY_INVAL_INODE while the READ of that inode is in flight
 /// (the kernel holds the notification until the READ's folio is unlocked) and
 /// NOTIFY_INVAL_ENTRY while a LOOKUP in that directory is in flight. The replies still come
@@ -901,8 +845,7 @@ fn connection_abort_with_changes_only_in_the_page_cache_is_incomplete() {
         .unwrap();
     let map = Mapping::new(&f, 8192);
     map.fill(b'b');
-    let abort = abort_file(&s);
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     let e = s.wait(Duration::from_secs(10));
     assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
     // The bucket really kept the old object: the change was lost.

@@ -12,6 +12,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use fuse_tests::harness::{Proc, bin, force_unmount, is_mounted, wait_until};
+use fuse_tests::mounts::Unmount;
 use nix::sys::signal::Signal;
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -554,12 +555,6 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
     std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
     let fuse = mount_fd(&mnt);
     let n = fuse.as_raw_fd();
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            fuse_tests::harness::force_unmount(&self.0);
-        }
-    }
     let _guard = Unmount(mnt.clone());
     let child = Command::new(&gcsfuse)
         .env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
@@ -746,12 +741,6 @@ fn a_daemon_that_exits_at_start_is_never_a_clean_stop() {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         let fuse = mount_fd(&mnt);
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                force_unmount(&self.0);
-            }
-        }
         let _guard = Unmount(mnt.clone());
         let mut cmd = Command::new(bin("drainfs"));
         cmd.args(["relay", "--socket-buffer", "212992", "--"])
