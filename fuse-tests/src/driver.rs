@@ -48,6 +48,17 @@ pub struct DriverEnding {
     pub lines: Vec<String>,
 }
 
+/// The ending as a readable string, for assertion messages.
+impl std::fmt::Display for DriverEnding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sidecar code {:?} signal {:?}, {:?} ms after the stop, sigkill sent: {}",
+            self.code, self.signal, self.ms_after_stop, self.sigkill_sent
+        )
+    }
+}
+
 /// Parses `sidecar exit: <code|signal NAME> after <ms> ms` into the code, the signal and the
 /// milliseconds (`None` for `-1`).
 ///

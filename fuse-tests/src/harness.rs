@@ -1,5 +1,10 @@
-//! A mounted drainfs for tests: runs the real `drainfs` binary over a temporary lower and
-//! unmounts on drop, even when the test panics (RAII, as mountpoint-s3's test sessions do).
+//! drainfs mounted for tests: [`Mounted`] runs the real `drainfs run` over a temporary lower
+//! (a plain directory, or any lower command) and unmounts on drop, even when the test panics
+//! (RAII, as mountpoint-s3's test sessions do); [`BucketStack`] is drainfs over the gcsfuse-like
+//! `bucketfs`. Also where the binaries are found ([`bin`]) and the scratch directories every
+//! layer makes ([`scratch_dir`], [`make_dirs`]). The process, mount and wait primitives it
+//! builds on live in [`crate::process`], [`crate::mounts`] and [`crate::wait`] (re-exported
+//! here: [`Proc`], [`is_mounted`], [`force_unmount`], [`wait_until`]).
 //!
 //! The binaries are found next to the test executable's `deps/` directory
 //! (`target/<profile>/drainfs`, `target/<profile>/bucketfs`), so the suite must be run after

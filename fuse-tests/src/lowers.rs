@@ -18,8 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-pub use crate::mounts::fstype_at;
-pub use crate::process::{child_pids, pid_alive};
+use crate::process::pid_alive;
 
 /// Which pair of server and FUSE client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,13 +11,12 @@
 //! kills whatever is left and detaches the mount, even when the test panicked.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::Duration;
 
 use crate::driver::{DriverEnding, NodeDriver};
 pub use crate::driver::{SIDECAR_UID, sidecar_dir};
 use crate::harness::{bin, scratch_dir};
-pub use crate::process::{collect, first_child, pid_exists, proc_status_field};
+pub use crate::process::{pid_exists, proc_status_field};
 pub use crate::wait::{find_key, free_port};
 
 /// The SO_SNDBUF the relay is told to request: the kernel's default `net.core.wmem_max`.
@@ -45,32 +44,9 @@ pub enum Via {
     Relay(Vec<String>),
 }
 
-/// How a [`Sidecar`] ended, from `fake-node-driver`'s exit status and stdout.
-#[derive(Debug, Clone)]
-pub struct Ending {
-    /// `fake-node-driver`'s own exit status (0 iff the sidecar exited 0).
-    pub driver: ExitStatus,
-    /// The sidecar's exit code, when it exited normally.
-    pub code: Option<i32>,
-    /// The signal that killed the sidecar (`SIGKILL`...), when one did.
-    pub signal: Option<String>,
-    /// Milliseconds from the SIGTERM to the sidecar's exit; `None` when the sidecar exited
-    /// before any stop.
-    pub ms_after_sigterm: Option<u64>,
-    /// Whether the driver had to SIGKILL the sidecar.
-    pub sigkill_sent: bool,
-}
-
-/// The sidecar's ending as a readable string, for assertion messages.
-impl std::fmt::Display for Ending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "sidecar code {:?} signal {:?}, {:?} ms after SIGTERM, sigkill sent: {}",
-            self.code, self.signal, self.ms_after_sigterm, self.sigkill_sent
-        )
-    }
-}
+/// How a [`Sidecar`] ended, from `fake-node-driver`'s exit status and stdout
+/// (`ms_after_stop` counts from the driver's SIGTERM to the sidecar).
+pub type Ending = DriverEnding;
 
 /// A daemon mounted through `fake-node-driver`, directly or behind the relay.
 pub struct Sidecar {
@@ -293,7 +269,7 @@ impl Sidecar {
     /// Sends SIGTERM to `fake-node-driver` (which SIGTERMs the sidecar, SIGKILLs it 5 s later)
     /// and waits up to `timeout` for the ending.
     pub fn stop(&mut self, timeout: Duration) -> Ending {
-        self.driver.stop(timeout).into()
+        self.driver.stop(timeout)
     }
 
     /// Waits up to `timeout` for `fake-node-driver` to exit (without asking it to stop) and
@@ -302,25 +278,13 @@ impl Sidecar {
     /// # Panics
     /// On timeout, or when the driver printed no status line.
     pub fn wait(&mut self, timeout: Duration) -> Ending {
-        self.driver.wait(timeout).into()
+        self.driver.wait(timeout)
     }
 
     /// Asserts that nothing is left: no mount at the mount point, and neither the sidecar nor
     /// the daemon exists any more (not even as a zombie).
     pub fn assert_nothing_left(&self) {
         self.driver.assert_gone();
-    }
-}
-
-impl From<DriverEnding> for Ending {
-    fn from(e: DriverEnding) -> Ending {
-        Ending {
-            driver: e.status,
-            code: e.code,
-            signal: e.signal,
-            ms_after_sigterm: e.ms_after_stop,
-            sigkill_sent: e.sigkill_sent,
-        }
     }
 }
 

@@ -18,7 +18,7 @@ use crate::harness::{MountOpts, Mounted, make_dirs};
 use crate::lowers::{Kind, Object, Server};
 use crate::mounts::{fstype_at, is_mounted};
 use crate::process::{child_pids, cmdline, pid_alive, send};
-use crate::wait::{free_port, read_json, wait_for, wait_until};
+use crate::wait::{free_port, read_json, status_from, wait_for, wait_until};
 
 /// One test at a time in a test process that writes through a real lower: a fork+exec
 /// anywhere in the process (starting a server, `sha256sum`, `lowers.py objects`) gives the
@@ -173,9 +173,7 @@ impl Stack {
     /// stray FLUSH of a file the test holds open: see [`serial`]); `None` while nothing
     /// answers there.
     pub fn status(&self) -> Option<serde_json::Value> {
-        let (code, body) =
-            crate::lowers::http_get(self.admin_port, "/status", Duration::from_secs(5)).ok()?;
-        (code == 200).then(|| serde_json::from_str(&body).ok())?
+        status_from(&format!("127.0.0.1:{}", self.admin_port))
     }
 
     /// After drainfs exited: nothing mounted, the client's process gone.

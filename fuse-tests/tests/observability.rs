@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{admin_base, free_addr, summary_cause};
-use fuse_tests::harness::{MountOpts, Mounted, bin, is_mounted, wait_until};
+use fuse_tests::harness::{MountOpts, Mounted, bin, is_mounted, make_dirs, wait_until};
 use nix::sys::signal::Signal;
 
 const LOWERS_PYTHON: &str = "/opt/drainfs-lowers/venv/bin/python";
@@ -53,12 +53,7 @@ fn start(delay: &str, extra: &[&str]) -> (Mounted, PathBuf, PathBuf) {
         .prefix("drainfs-obs-")
         .tempdir_in("/tmp")
         .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    for d in [&lower, &mnt, &bucket] {
-        std::fs::create_dir(d).unwrap();
-    }
+    let [lower, mnt, bucket] = make_dirs(dir.path(), ["lower", "mnt", "bucket"]);
     let sock = dir.path().join("ctl.sock");
     let ready = dir.path().join("ready");
     let mut args: Vec<String> = Vec::new();

@@ -19,6 +19,7 @@ use std::time::Duration;
 use fuse_tests::harness::{
     MountOpts, Mounted, Proc, bin, force_unmount, make_dirs, scratch_dir, wait_until,
 };
+use fuse_tests::process::child_pids;
 use fuse_tests::wait::summary_at;
 use nix::sys::signal::Signal;
 
@@ -271,26 +272,16 @@ impl Drop for Pid1 {
 /// `(pid, comm, state)` of every child of `pid`.
 fn children(pid: i32) -> Vec<(i32, String, char)> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for c in list
-            .split_whitespace()
-            .filter_map(|c| c.parse::<i32>().ok())
-        {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) else {
-                continue;
-            };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                continue;
-            };
-            let comm = stat[open + 1..close].to_string();
-            let state = stat[close + 1..].trim_start().chars().next().unwrap_or('?');
-            out.push((c, comm, state));
-        }
+    for c in child_pids(pid) {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let state = stat[close + 1..].trim_start().chars().next().unwrap_or('?');
+        out.push((c, comm, state));
     }
     out
 }
