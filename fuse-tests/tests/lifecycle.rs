@@ -13,7 +13,7 @@ mod common;
 use common::{summary_cause, wait_phase};
 use fuse_tests::bucket::BucketEvent;
 use fuse_tests::harness::{
-    BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, over_bucketfs, wait_until,
+    BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, make_dirs, over_bucketfs, wait_until,
 };
 use fuse_tests::mounts::Unmount;
 use nix::sys::signal::Signal;
@@ -459,9 +459,7 @@ fn a_log_reader_going_away_does_not_take_the_mount_down() {
         .prefix("drainfs-life-")
         .tempdir_in("/tmp")
         .unwrap();
-    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     let mut child = Command::new(bin("drainfs"))
         .args(["run", "--lower"])
         .arg(&lower)
@@ -900,9 +898,7 @@ fn a_fresh_dead_mount_is_repaired_by_the_next_run() {
         .prefix("drainfs-life-")
         .tempdir_in("/tmp")
         .unwrap();
-    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     let guard = Unmount(mnt.clone());
     let ready = dir.path().join("ready");
     let start = || {
