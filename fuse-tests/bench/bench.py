@@ -21,7 +21,6 @@ run.sh's trap can stop it too; nothing is killed by name.
 """
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -35,7 +34,7 @@ import time
 from benchlib import (
     FIO_JOBS, HERE, MD_PHASES, REPO, BenchError, Tracker, child_pids, fio_env, fio_value,
     fmt_num, is_mounted, loadavg, log, private_bins, read_json, read_jsonl, rotated, run_fio,
-    run_mdbench, sha256,
+    run_mdbench, sha256, write_results,
 )
 
 NUMJOBS = [1, 4]
@@ -538,18 +537,13 @@ def main():
               f"trigger-to-exit n={ctx.p['trigger_runs']} right after a write; kernel {platform.release()}, {os.cpu_count()} CPUs; "
               f"pt: {pt_note}; {elapsed:.0f}s; loadavg start {load_start}, end {load_end})")
     table = render(build_rows(ctx, med), header)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "kernel": platform.release(),
             "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end, "drainfs_extra_args": common, "passthrough_hp_us": PASSTHROUGH_HP_US,
             "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip(),
             "drainfs_sha256": sha256(ctx.drainfs),
             "fio_version": subprocess.run(["fio", "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()}
-    with open(os.path.join(ctx.results, "results.json"), "w") as f:
-        json.dump({"meta": meta, "raw": raw, "medians": med}, f, indent=1, sort_keys=True)
-    # keep the daemons' logs next to the results
-    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    # The daemons' logs are kept next to the results.
+    write_results(ctx.results, table, {"meta": meta, "raw": raw, "medians": med}, logs=ctx.logs)
     log(f"results in {ctx.results}")
     return 0 if ok else 1
 

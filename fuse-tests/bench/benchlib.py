@@ -6,7 +6,7 @@ roundtrips.py). Python 3 stdlib only.
 - mounts: `mounted_paths`, `is_mounted`;
 - waits: `wait_for` (a condition with a deadline that fails early when the process exits);
 - workloads: `fio_env`, `run_fio`, `parse_fio`, `fio_value`, `run_mdbench`, `rotated`;
-- results: `log`, `BenchError`, `med`, `pct_nearest`, `pct_interp`, `fmt_num`, `loadavg`,
+- results: `log`, `BenchError`, `write_results`, `med`, `pct_nearest`, `pct_interp`, `fmt_num`, `loadavg`,
   `read_json`, `read_jsonl`, `sha256`, `free_port`.
 
 Nothing here kills by name: only PIDs this process started (and tracked) are signalled.
@@ -222,6 +222,18 @@ def run_mdbench(mdbench, root, files, threads, tag, timeout=600):
 
 # ---------------------------------------------------------------------------------------------
 # results
+
+
+def write_results(results, table, doc, json_name="results.json", sort_keys=True, logs=None):
+    """Prints `table`, writes it to RESULTS/table.txt and `doc` to RESULTS/JSON_NAME, and copies
+    the directory `logs` (the daemons' logs, when given) to RESULTS/logs."""
+    print(table)
+    with open(os.path.join(results, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(results, json_name), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=sort_keys)
+    if logs is not None:
+        shutil.copytree(logs, os.path.join(results, "logs"), dirs_exist_ok=True)
 
 
 def med(xs):

@@ -697,14 +697,9 @@ def main():
     if raw["tail"]:
         out += ["", f"Part 2: end-of-Job tail through the real sidecar mounter ({ctx.p['tail_files']} files x "
                 f"{ctx.p['tail_file_size'] >> 20} MiB, stop right after the application's exit)", tail_table(ctx, raw)]
-    table = "\n".join(out)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(ctx.results, "results.json"), "w") as f:
-        json.dump({"meta": {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed,
-                            "versions": versions, "loadavg_start": load_start}, "raw": raw}, f, indent=1, sort_keys=True)
-    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "versions": versions,
+            "loadavg_start": load_start}
+    benchlib.write_results(ctx.results, "\n".join(out), {"meta": meta, "raw": raw}, logs=ctx.logs)
     log(f"results in {ctx.results}")
     return 0 if ok else 1
 

@@ -33,7 +33,6 @@ relay.sh's trap can stop it too); nothing is killed by name.
 """
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -44,6 +43,7 @@ import time
 from benchlib import (
     FIO_JOBS, MD_PHASES, SIDECAR_UID, SOCKET_BUFFER, BenchError, child_pids, fio_value, make_log, med,
     mounted_paths, proc_cpu_secs, proc_mem_kib, read_json, rotated, run_fio, run_mdbench,
+    write_results,
 )
 
 log = make_log("relay-bench")
@@ -337,12 +337,7 @@ def main():
               f"SO_SNDBUF {SOCKET_BUFFER}; relay cap {caps[0].get('cap')} B, relay-max cap {caps[1].get('cap')} B; "
               f"{ctx.p['reps']} reps, fio {ctx.p['runtime']} x size {ctx.p['size']}, numjobs 1; "
               f"mdbench {ctx.p['md_files']} files, 1 thread")
-    table = header + "\n" + "\n".join(lines)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(ctx.results, "raw.json"), "w") as f:
-        json.dump(raw, f, indent=1)
+    write_results(ctx.results, header + "\n" + "\n".join(lines), raw, json_name="raw.json", sort_keys=False)
 
 
 if __name__ == "__main__":
