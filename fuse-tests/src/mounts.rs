@@ -118,7 +118,9 @@ fn umount_lazy(path: &Path) {
         .status();
 }
 
-/// Detaches anything still mounted at `path` (lazy), aborting a wedged FUSE connection.
+/// Detaches anything still mounted at `path`, lazily (`fusermount3 -u -z`, then `umount -l`),
+/// up to 8 tries: the mount leaves the tree even when its FUSE daemon is wedged (the
+/// connection itself is not aborted; [`Fusectl::abort`] does that).
 pub fn force_unmount(path: &Path) {
     for _ in 0..8 {
         if !is_mounted(path) {
