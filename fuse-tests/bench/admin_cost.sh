@@ -5,47 +5,43 @@
 # over one keep-alive connection (already more than a kubelet, which probes every 5-10 s, and
 # Prometheus, which scrapes every 15-30 s). A scraper that forks a curl per request measures
 # the cost of forking on a 2-core machine, not drainfs.
-# Prints the medians and the ratio. Needs root, fio, python3, bc; builds drainfs (release).
-#   fuse-tests/bench/admin_cost.sh [REPS (default 3)] [RUNTIME (default 5s)]
+# Prints the medians and the ratio. Needs root, fio, python3, bc; builds drainfs (release)
+# unless --no-build. Everything lives under one fresh temp dir, cleaned up by lib.sh's EXIT trap.
+#   fuse-tests/bench/admin_cost.sh [--no-build] [REPS (default 3)] [RUNTIME (default 5s)]
 set -euo pipefail
-reps=${1:-3}
-runtime=${2:-5s}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-bin="$repo/target/release/drainfs"
-[[ -x $bin ]] || (cd "$repo" && cargo build --release --locked -p drainfs >/dev/null)
-work=$(mktemp -d /tmp/drainfs-admincost.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.5
-    for m in "$work/mnt" "$work/lower"; do
-        mountpoint -q "$m" && { fusermount3 -uz "$m" 2>/dev/null || umount -l "$m"; }
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_args "$@"
+reps=${args[0]:-3}
+runtime=${args[1]:-5s}
+bench_init admin_cost.sh bc fusermount3 mount mountpoint
+bin="$bin_dir/drainfs"
+bench_workdir drainfs-admincost
 mkdir -p "$work/lower" "$work/mnt"
 mount -t tmpfs -o size=3g drainfs-admincost "$work/lower"
-
-run_case() { # $1 = plain|admin ; prints "job value" lines
-    local args=(run --lower "$work/lower" --mountpoint "$work/mnt" --native-sidecar)
-    [[ $1 == admin ]] && args+=(--admin-addr 127.0.0.1:19733)
-    "$bin" "${args[@]}" 2>"$work/log" &
-    local df=$!
-    pids+=("$df")
-    for _ in $(seq 100); do mountpoint -q "$work/mnt" && break; sleep 0.05; done
-    local scraper=
-    if [[ $1 == admin ]]; then
-        python3 -c '
+# The scraper, run from the work directory so that the EXIT trap recognises it by its command
+# line.
+cat >"$work/scraper.py" <<'EOF_PY'
 import http.client, time
 c = http.client.HTTPConnection("127.0.0.1", 19733, timeout=5)
 while True:
     for p in ("/metrics", "/livez", "/readyz", "/status"):
         c.request("GET", p); c.getresponse().read()
     time.sleep(1)
-' &
+EOF_PY
+
+run_case() { # $1 = plain|admin ; prints "job value" lines
+    local args=(run --lower "$work/lower" --mountpoint "$work/mnt" --native-sidecar)
+    [[ $1 == admin ]] && args+=(--admin-addr 127.0.0.1:19733)
+    "$bin" "${args[@]}" 2>"$work/log" &
+    local df=$!
+    echo "$df" >>"$work/pids"
+    for _ in $(seq 100); do mountpoint -q "$work/mnt" && break; sleep 0.05; done
+    local scraper=
+    if [[ $1 == admin ]]; then
+        python3 "$work/scraper.py" &
         scraper=$!
-        pids+=("$scraper")
+        echo "$scraper" >>"$work/pids"
     fi
     for job in "read 1M" "randwrite 4k" "randread 4k"; do
         set -- $job
@@ -71,3 +67,4 @@ for job in read-1M randwrite-4k randread-4k; do
     p=$(echo "${vals["plain $job"]}" | median); a=$(echo "${vals["admin $job"]}" | median)
     printf '%-14s %14s %14s %7.3f\n' "$job" "$p" "$a" "$(echo "$a / $p" | bc -l)"
 done
+umount "$work/lower"

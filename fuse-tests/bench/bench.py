@@ -21,7 +21,6 @@ run.sh's trap can stop it too; nothing is killed by name.
 """
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -32,19 +31,14 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+from benchlib import (
+    FIO_JOBS, HERE, MD_PHASES, REPO, BenchError, Tracker, child_pids, fio_env, fio_value,
+    fmt_num, is_mounted, loadavg, log, private_bins, read_json, read_jsonl, rotated, run_fio,
+    run_mdbench, sha256, write_results,
+)
 
-# (key, ini file, direction, unit) -- unit "MiB/s" reports bandwidth, "IOPS" operations.
-FIO_JOBS = [
-    ("seq-read", "seq-read.ini", "read", "MiB/s"),
-    ("seq-write", "seq-write.ini", "write", "MiB/s"),
-    ("rand-read", "rand-read.ini", "read", "IOPS"),
-    ("rand-write", "rand-write.ini", "write", "IOPS"),
-]
 NUMJOBS = [1, 4]
 MD_THREADS = [1, 4]
-MD_PHASES = ["create", "stat", "stat_hot", "open_close", "unlink"]
 TARGETS = ["raw", "pt", "never"]
 DRAINFS_MODES = {"pt": "auto", "never": "never"}
 
@@ -57,71 +51,8 @@ PROFILES = {
 }
 
 
-def sha256(path):
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    pass
-
-
 # ---------------------------------------------------------------------------------------------
-# processes and mounts
-
-
-def mounted_paths():
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            p = line.split(" ")[4]
-            out.append(p.encode().decode("unicode_escape"))
-    return out
-
-
-def is_mounted(path):
-    return os.path.abspath(path) in mounted_paths()
-
-
-class Tracker:
-    """Remembers every child PID in WORK/pids (for run.sh's trap) and holds pidfds."""
-
-    def __init__(self, work):
-        self.path = os.path.join(work, "pids")
-        self.live = {}
-
-    def add(self, pid):
-        self.live[pid] = os.pidfd_open(pid)
-        with open(self.path, "a") as f:
-            f.write(f"{pid}\n")
-
-    def reaped(self, pid):
-        fd = self.live.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
-
-    def signal(self, pid, sig):
-        fd = self.live.get(pid)
-        if fd is None:
-            return False
-        try:
-            signal.pidfd_send_signal(fd, sig)
-            return True
-        except ProcessLookupError:
-            return False
+# forced paths and the drainfs processes
 
 
 # Forced-path rows: (label, key, limit in ms). The second-signal exit includes the lower's own
@@ -131,18 +62,6 @@ FORCED_ROWS = (
     ("forced exit: 2nd SIGTERM, hung upload (ms)", "second_signal", 2500),
     ("2nd SIGTERM -> lower's SIGINT (ms)", "second_signal_to_lower_sigint", 500),
 )
-
-
-def child_pids(pid):
-    """PIDs of the direct children of `pid`."""
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
 
 
 def forced_paths(ctx, out, run):
@@ -225,15 +144,6 @@ def forced_paths(ctx, out, run):
                 p.wait()
                 ctx.tracker.reaped(p.pid)
             logf.close()
-
-
-def read_jsonl(path):
-    """Complete JSON lines of a file (none if it does not exist yet)."""
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
 
 
 class Drainfs:
@@ -330,77 +240,11 @@ class Drainfs:
         return elapsed
 
     def summary(self):
-        try:
-            with open(self.summary_path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-
-# ---------------------------------------------------------------------------------------------
-# benchmarks
-
-
-def rotated(rep):
-    k = rep % len(TARGETS)
-    return TARGETS[k:] + TARGETS[:k]
-
-
-def fio_env(ctx, directory, numjobs):
-    env = dict(os.environ)
-    env.update(BENCH_DIR=directory, BENCH_SIZE=ctx.p["size"], BENCH_RUNTIME=ctx.p["runtime"],
-               BENCH_RAMP=ctx.p["ramp"], NUMJOBS=str(numjobs))
-    return env
-
-
-def parse_fio(path):
-    with open(path) as f:
-        text = f.read()
-    doc = json.loads(text[text.index("{"):])  # fio may print a warning line before the JSON
-    return doc
-
-
-def run_fio(ctx, ini, directory, numjobs, out, extra=()):
-    """One fio job file; `extra` are fio options placed before it (global, e.g. --direct=1)."""
-    cmd = ["fio", "--output-format=json", f"--output={out}", *extra, os.path.join(HERE, "fio", ini)]
-    r = subprocess.run(cmd, env=fio_env(ctx, directory, numjobs), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=600)
-    if r.returncode != 0:
-        raise BenchError(f"fio {ini} in {directory} failed ({r.returncode}):\n{r.stdout.decode(errors='replace')}")
-    return parse_fio(out)
-
-
-def fio_value(doc, direction, unit):
-    job = doc["jobs"][0]
-    if job.get("error"):
-        raise BenchError(f"fio job error {job['error']}")
-    d = job[direction]
-    return d["bw_bytes"] / 2**20 if unit == "MiB/s" else d["iops"]
-
-
-def run_mdbench(ctx, root, files, threads, tag):
-    d = os.path.join(root, f"md-{tag}")
-    cmd = [ctx.mdbench, "--dir", d, "--files", str(files), "--threads", str(threads)]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
-    if r.returncode != 0:
-        raise BenchError(f"mdbench in {root} failed: {r.stderr.decode(errors='replace')}")
-    return json.loads(r.stdout)
+        return read_json(self.summary_path)
 
 
 # ---------------------------------------------------------------------------------------------
 # table
-
-
-def fmt_num(v):
-    if v is None:
-        return "-"
-    if v >= 1000:
-        return f"{v:,.0f}"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
 
 
 def build_rows(ctx, med):
@@ -529,12 +373,8 @@ def main():
     ctx.lower = os.path.join(ctx.work, "lower")
     ctx.logs = os.path.join(ctx.work, "logs")
     # Private copies: a concurrent `cargo build` must not swap the binary under test mid-run.
-    os.makedirs(os.path.join(ctx.work, "bin"), exist_ok=True)
-    for name in ("drainfs", "mdbench", "bucketfs"):
-        src = os.path.join(a.bin_dir, name)
-        if not os.access(src, os.X_OK):
-            sys.exit(f"bench: {src} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
-        setattr(ctx, name, shutil.copy2(src, os.path.join(ctx.work, "bin", name)))
+    for name, path in private_bins(a.bin_dir, os.path.join(ctx.work, "bin"), ("drainfs", "mdbench", "bucketfs"), "bench").items():
+        setattr(ctx, name, path)
     if shutil.which("fio") is None:
         sys.exit("bench: fio not installed (run.sh installs it)")
     ctx.results = a.results or os.path.join(HERE, "results", time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if a.smoke else ""))
@@ -561,7 +401,7 @@ def main():
         fio_dir = {"raw": os.path.join(ctx.lower, "fio")}
         os.makedirs(fio_dir["raw"])
         r = subprocess.run(["fio", "--create_only=1", "--output=/dev/null", os.path.join(HERE, "fio", "seq-read.ini")],
-                           env=fio_env(ctx, fio_dir["raw"], max(NUMJOBS)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                           env=fio_env(ctx.p, fio_dir["raw"], max(NUMJOBS)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if r.returncode != 0:
             raise BenchError("fio layout failed: " + r.stdout.decode(errors="replace"))
 
@@ -588,11 +428,11 @@ def main():
         for rep in range(ctx.p["reps"]):
             for key, ini, direction, unit in FIO_JOBS:
                 for nj in NUMJOBS:
-                    for t in rotated(rep):
+                    for t in rotated(TARGETS, rep):
                         i += 1
                         out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{t}-rep{rep}.json")
                         cpu0 = dm[t].cpu_secs() if t in dm else 0.0
-                        doc = run_fio(ctx, ini, fio_dir[t], nj, out)
+                        doc = run_fio(ctx.p, ini, fio_dir[t], nj, out)
                         if t in dm:
                             raw["fio_daemon_cpu"].setdefault(f"{key}/nj{nj}/{t}", []).append(dm[t].cpu_secs() - cpu0)
                         v = fio_value(doc, direction, unit)
@@ -610,8 +450,8 @@ def main():
         md_root = {"raw": ctx.lower, **mnts}
         for rep in range(ctx.p["reps"]):
             for th in MD_THREADS:
-                for t in rotated(rep):
-                    doc = run_mdbench(ctx, md_root[t], ctx.p["md_files"], th, f"{t}-t{th}-rep{rep}")
+                for t in rotated(TARGETS, rep):
+                    doc = run_mdbench(ctx.mdbench, md_root[t], ctx.p["md_files"], th, f"{t}-t{th}-rep{rep}")
                     for ph in MD_PHASES:
                         raw["md"].setdefault(f"{ph}/t{th}/{t}", []).append(doc["phases"][ph])
                     log(f"mdbench rep{rep} {th}T {t}: " + ", ".join(f"{ph} {doc['phases'][ph]['us_per_op']:.1f}us" for ph in MD_PHASES))
@@ -697,18 +537,13 @@ def main():
               f"trigger-to-exit n={ctx.p['trigger_runs']} right after a write; kernel {platform.release()}, {os.cpu_count()} CPUs; "
               f"pt: {pt_note}; {elapsed:.0f}s; loadavg start {load_start}, end {load_end})")
     table = render(build_rows(ctx, med), header)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "kernel": platform.release(),
             "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": load_end, "drainfs_extra_args": common, "passthrough_hp_us": PASSTHROUGH_HP_US,
             "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip(),
             "drainfs_sha256": sha256(ctx.drainfs),
             "fio_version": subprocess.run(["fio", "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()}
-    with open(os.path.join(ctx.results, "results.json"), "w") as f:
-        json.dump({"meta": meta, "raw": raw, "medians": med}, f, indent=1, sort_keys=True)
-    # keep the daemons' logs next to the results
-    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    # The daemons' logs are kept next to the results.
+    write_results(ctx.results, table, {"meta": meta, "raw": raw, "medians": med}, logs=ctx.logs)
     log(f"results in {ctx.results}")
     return 0 if ok else 1
 

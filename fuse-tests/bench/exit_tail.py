@@ -27,24 +27,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def pct(values, q):
-    """The q-quantile (0..1) by linear interpolation between closest ranks."""
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+from benchlib import REPO, is_mounted, pct_interp
 
 
 def one_run(drainfs, base, case, run):
@@ -124,7 +107,7 @@ def main():
     names = {"native": "SIGTERM, --native-sidecar", "exit_file": "exit file", "plain": "SIGTERM (plain: quiet period)"}
     for c in cases:
         v = res[c]
-        print(f"{names.get(c, c):<34} {pct(v, 0.5):8.1f} {pct(v, 0.95):8.1f} {max(v):8.1f} {statistics.median(held[c]):12.0f}")
+        print(f"{names.get(c, c):<34} {pct_interp(v, 0.5):8.1f} {pct_interp(v, 0.95):8.1f} {max(v):8.1f} {statistics.median(held[c]):12.0f}")
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """drainfs against the real gcsfuse (v3.11.2) on fake-gcs-server: throughput and the
 end-of-Job tail. Python 3 stdlib only; run it through gcsfuse.sh (which builds, makes the work
-directory and cleans up behind it). It reuses bench.py's fio and mdbench runners and process
+directory and cleans up behind it). It reuses benchlib.py's fio and mdbench runners and process
 tracker, and scripts/lowers.py's fake-gcs-server and gcsfuse command lines.
 
 Part 1, throughput. One fake-gcs-server (memory backend), one bucket, and five targets, each
@@ -53,7 +53,6 @@ killed by name.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -70,21 +69,20 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
-import bench  # noqa: E402  (fio/mdbench runners, Tracker, formatting)
+import benchlib  # noqa: E402  (fio/mdbench runners, Tracker, formatting)
 import lowers  # noqa: E402  (fake-gcs-server, gcsfuse argv, objects read back from the server)
-from relay import children, proc_cpu_secs  # noqa: E402
+from benchlib import (  # noqa: E402
+    MD_PHASES, SIDECAR_UID, SOCKET_BUFFER, BenchError, child_pids, pct_nearest, private_bins, proc_cpu_secs,
+    wait_for,
+)
 
-log = bench.log
-BenchError = bench.BenchError
+log = benchlib.log
 
-SOCKET_BUFFER = 212992
-SIDECAR_UID = 65534
 TARGETS = ["raw", "auto", "never", "relay", "relay-0s"]
 CACHES = ["off", "on"]
 # The issue's targets, as a fraction of raw gcsfuse on every fio job.
 GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-0s": 0.9}
 ARRANGEMENTS = ["stock", "relay", "mount"]
-MD_PHASES = ["create", "stat", "stat_hot", "open_close", "unlink"]
 
 PROFILES = {
     "full": dict(reps=3, runtime="5s", ramp="1s", size="64M", md_files=500, numjobs=[1, 4], md_threads=[1, 4],
@@ -92,25 +90,6 @@ PROFILES = {
     "smoke": dict(reps=1, runtime="300ms", ramp="0", size="4M", md_files=16, numjobs=[1], md_threads=[1],
                   tail_runs=1, exit_file_runs=0, tail_files=2, tail_file_size=1 << 20),
 }
-
-
-def pct(xs, q):
-    """The q-quantile (0..1) of xs, nearest rank."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
-
-
-def wait_for(cond, timeout, what, proc=None, log_path=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise BenchError(f"{what}: the process exited ({proc.returncode}); see {log_path}")
-        time.sleep(0.01)
-    raise BenchError(f"{what}: not within {timeout} s; see {log_path}")
 
 
 def statfs_within(path, timeout):
@@ -218,7 +197,7 @@ class Target:
             return None
         if self.name in ("auto", "never"):
             return self.proc.pid
-        c = children(self.proc.pid)
+        c = child_pids(self.proc.pid)
         return c[0] if c else None
 
     def data_path(self):
@@ -307,7 +286,7 @@ def part_throughput(ctx, raw):
                     os.makedirs(rdir)
                     r = subprocess.run(["fio", "--create_only=1", "--output=/dev/null",
                                         os.path.join(HERE, "fio", "seq-read.ini")],
-                                       env=bench.fio_env(ctx, rdir, max(ctx.p["numjobs"])),
+                                       env=benchlib.fio_env(ctx.p, rdir, max(ctx.p["numjobs"])),
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                     if r.returncode != 0:
                         raise BenchError("fio layout failed: " + r.stdout.decode(errors="replace"))
@@ -323,12 +302,12 @@ def part_throughput(ctx, raw):
                             pass
         cpu0 = {k: proc_cpu_secs(t.drainfs_pid()) for k, t in targets.items() if t.drainfs_pid()}
 
-        n_total = ctx.p["reps"] * len(CACHES) * len(bench.FIO_JOBS) * len(ctx.p["numjobs"]) * len(TARGETS)
+        n_total = ctx.p["reps"] * len(CACHES) * len(benchlib.FIO_JOBS) * len(ctx.p["numjobs"]) * len(TARGETS)
         i = 0
         for rep in range(ctx.p["reps"]):
             order = TARGETS[rep % len(TARGETS):] + TARGETS[:rep % len(TARGETS)]
             for cache in CACHES:
-                for key, ini, direction, unit in bench.FIO_JOBS:
+                for key, ini, direction, unit in benchlib.FIO_JOBS:
                     for nj in ctx.p["numjobs"]:
                         for name in order:
                             t = targets[f"{cache}/{name}"]
@@ -338,15 +317,15 @@ def part_throughput(ctx, raw):
                             drop_lower_cache(t, which, nj)
                             out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{cache}-{name}-rep{rep}.json")
                             extra = ["--direct=1"] if direction == "read" else []
-                            v = bench.fio_value(bench.run_fio(ctx, ini, d, nj, out, extra), direction, unit)
+                            v = benchlib.fio_value(benchlib.run_fio(ctx.p, ini, d, nj, out, extra), direction, unit)
                             raw["fio"].setdefault(f"{cache}/{key}/nj{nj}/{name}", []).append(v)
                             log(f"fio {i}/{n_total} rep{rep} cache {cache} {key} nj{nj} {name}: {v:,.1f} {unit} "
-                                f"(load {bench.loadavg()})")
+                                f"(load {benchlib.loadavg()})")
             for cache in CACHES:
                 for th in ctx.p["md_threads"]:
                     for name in order:
                         t = targets[f"{cache}/{name}"]
-                        doc = bench.run_mdbench(ctx, t.mnt, ctx.p["md_files"], th, f"{cache}-{name}-t{th}-rep{rep}")
+                        doc = benchlib.run_mdbench(ctx.mdbench, t.mnt, ctx.p["md_files"], th, f"{cache}-{name}-t{th}-rep{rep}")
                         for ph in MD_PHASES:
                             raw["md"].setdefault(f"{cache}/{ph}/t{th}/{name}", []).append(doc["phases"][ph]["us_per_op"])
                         log(f"mdbench rep{rep} cache {cache} {th}T {name}: "
@@ -438,6 +417,7 @@ def tail_run(ctx, arr, stop, n):
     ctx.tracker.add(p.pid)
     lines = []
     ev = threading.Event()
+    reader_thread = None
     if arr != "mount":
         def reader():
             for rawl in p.stdout:
@@ -445,7 +425,8 @@ def tail_run(ctx, arr, stop, n):
                 lines.append(line)
                 if line == "ready":
                     ev.set()
-        threading.Thread(target=reader, daemon=True).start()
+        reader_thread = threading.Thread(target=reader, daemon=True)
+        reader_thread.start()
     res = {"arrangement": arr, "stop": stop, "run": n}
     try:
         if arr == "mount":
@@ -472,6 +453,9 @@ def tail_run(ctx, arr, stop, n):
         rc = p.wait(60)
         t_exit = time.monotonic()
         ctx.tracker.reaped(p.pid)
+        if reader_thread is not None:
+            # The driver's last lines (`sidecar exit: ...`) may still be in the pipe.
+            reader_thread.join(10)
         recs = [json.loads(x) for x in app.stdout.decode().splitlines() if x.strip()]
         if app.returncode != 0 or len(recs) != ctx.p["tail_files"]:
             raise BenchError(f"tail {tag}: the application failed ({app.returncode}): {app.stderr.decode()[-500:]}")
@@ -559,10 +543,10 @@ def render(rows):
 
 
 def throughput_table(ctx, raw):
-    f = bench.fmt_num
+    f = benchlib.fmt_num
     rows = [["metric", "raw gcsfuse"] + [f"{t}" for t in TARGETS[1:]] + ["ratios " + " / ".join(TARGETS[1:]), "goal met (0.95x mount, 0.9x relay)"]]
     for cache in CACHES:
-        for key, _, _, unit in bench.FIO_JOBS:
+        for key, _, _, unit in benchlib.FIO_JOBS:
             for nj in ctx.p["numjobs"]:
                 m = {t: raw["fio"].get(f"{cache}/{key}/nj{nj}/{t}") for t in TARGETS}
                 m = {t: statistics.median(v) if v else None for t, v in m.items()}
@@ -602,8 +586,8 @@ def tail_table(ctx, raw):
             for r in rs:
                 for line in r.get("error_lines", []):
                     err[line[:80]] = err.get(line[:80], 0) + 1
-            rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct(ms, 0.5):.0f}",
-                         f"{pct(ms, 0.95):.0f}", f"{max(ms):.0f}", sum(r["bytes_closed"] for r in rs),
+            rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct_nearest(ms, 0.5):.0f}",
+                         f"{pct_nearest(ms, 0.95):.0f}", f"{max(ms):.0f}", sum(r["bytes_closed"] for r in rs),
                          sum(r["bytes_lost"] for r in rs), counts("sidecar_exit"),
                          counts("sidecar_child") if arr != "mount" else "-", counts("gcsfuse_exit"),
                          "; ".join(f"{v}x {k}" for k, v in err.items()) if arr != "mount" else "(no sidecar)"])
@@ -653,11 +637,8 @@ def main():
     # Private copies (a concurrent cargo build must not swap them mid-run), readable by uid 65534.
     bindir = os.path.join(ctx.work, "bin")
     os.makedirs(bindir)
-    for name in ("drainfs", "mdbench", "fake-node-driver"):
-        src = os.path.join(a.bin_dir, name)
-        if not os.access(src, os.X_OK):
-            sys.exit(f"gcsfuse bench: {src} missing; build with cargo build --release -p drainfs -p fuse-tests --bins")
-        setattr(ctx, name.replace("-", "_"), shutil.copy2(src, os.path.join(bindir, name)))
+    for name, path in private_bins(a.bin_dir, bindir, ("drainfs", "mdbench", "fake-node-driver"), "gcsfuse bench").items():
+        setattr(ctx, name.replace("-", "_"), path)
     ctx.dropin = os.path.join(ctx.work, "dropin", "gcsfuse")
     try:
         ctx.gcsfuse = lowers.binary("gcsfuse")
@@ -668,7 +649,7 @@ def main():
     ctx.results = a.results or os.path.join(HERE, "results", "gcsfuse-" + time.strftime("%Y%m%d-%H%M%S")
                                             + ("-smoke" if a.smoke else ""))
     os.makedirs(ctx.results, exist_ok=True)
-    ctx.tracker = bench.Tracker(ctx.work)
+    ctx.tracker = benchlib.Tracker(ctx.work)
     versions = {
         "gcsfuse": subprocess.run([ctx.gcsfuse, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
         "sidecar_mounter": "gcs-fuse-csi-driver v1.24.4 (scripts/install-lowers.sh)",
@@ -678,7 +659,7 @@ def main():
     }
     raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "stops": {}, "data_path": {}, "tail": []}
     t0 = time.monotonic()
-    load_start = bench.loadavg()
+    load_start = benchlib.loadavg()
     ok = False
     try:
         ctx.server = lowers.start_server("gcsfuse", ctx.lowers_dir)
@@ -706,7 +687,7 @@ def main():
     header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on fake-gcs-server (memory backend), "
               f"{ctx.profile}: {ctx.p['reps']} reps interleaved, medians; fio {ctx.p['runtime']} (ramp {ctx.p['ramp']}) "
               f"x {ctx.p['size']}/job; mdbench {ctx.p['md_files']} files; kernel {platform.release()}, {os.cpu_count()} CPUs; "
-              f"{elapsed:.0f} s; loadavg start {load_start}, end {bench.loadavg()}; git {versions['git_head']}")
+              f"{elapsed:.0f} s; loadavg start {load_start}, end {benchlib.loadavg()}; git {versions['git_head']}")
     out = [header]
     if raw["fio"]:
         out += ["", "Part 1: throughput (ratios to raw gcsfuse with the same cache setting)", throughput_table(ctx, raw)]
@@ -716,14 +697,9 @@ def main():
     if raw["tail"]:
         out += ["", f"Part 2: end-of-Job tail through the real sidecar mounter ({ctx.p['tail_files']} files x "
                 f"{ctx.p['tail_file_size'] >> 20} MiB, stop right after the application's exit)", tail_table(ctx, raw)]
-    table = "\n".join(out)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(ctx.results, "results.json"), "w") as f:
-        json.dump({"meta": {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed,
-                            "versions": versions, "loadavg_start": load_start}, "raw": raw}, f, indent=1, sort_keys=True)
-    shutil.copytree(ctx.logs, os.path.join(ctx.results, "logs"), dirs_exist_ok=True)
+    meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "versions": versions,
+            "loadavg_start": load_start}
+    benchlib.write_results(ctx.results, "\n".join(out), {"meta": meta, "raw": raw}, logs=ctx.logs)
     log(f"results in {ctx.results}")
     return 0 if ok else 1
 

@@ -15,17 +15,9 @@
 # started (by PID, from WORK/pids) and unmounts whatever is still mounted under that dir.
 set -euo pipefail
 
-build=1
-args=()
-for a in "$@"; do
-    case "$a" in
-        --no-build) build=0 ;;
-        -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) args+=("$a") ;;
-    esac
-done
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_args "$@"
 bench_init gcsfuse.sh fusermount3
 bash "$repo/scripts/install-lowers.sh" >/dev/null
 bench_workdir drainfs-gcsfuse-bench

@@ -1,5 +1,9 @@
-# Shared preamble of the benchmark entry points (run.sh, relay.sh, gcsfuse.sh); source it.
+# Shared preamble of the benchmark entry points (run.sh, relay.sh, gcsfuse.sh, admin_cost.sh);
+# source it.
 #
+#   bench_args ARGS           the options every entry point takes: --no-build (sets $build to
+#                             0), --smoke (sets $smoke to -smoke; passed on), -h/--help (prints
+#                             the calling script's header comment); the rest in $args
 #   bench_init NAME TOOL...   root check, the tools each script needs, fio (installed if
 #                             missing), `cargo build --release` unless $build is 0; sets $repo
 #                             and $bin_dir (the release binaries)
@@ -18,8 +22,22 @@
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 build=${build:-1}
+smoke=""
+args=()
 work=""
 py_pid=""
+
+bench_args() {
+    local a
+    for a in "$@"; do
+        case "$a" in
+            --no-build) build=0 ;;
+            --smoke) smoke="-smoke"; args+=("$a") ;;
+            -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[1]}"; exit 0 ;;
+            *) args+=("$a") ;;
+        esac
+    done
+}
 
 bench_init() {
     local name=$1 tool

@@ -33,26 +33,21 @@ relay.sh's trap can stop it too); nothing is killed by name.
 """
 
 import argparse
-import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOCKET_BUFFER = 212992
-SIDECAR_UID = 65534
+from benchlib import (
+    FIO_JOBS, MD_PHASES, SIDECAR_UID, SOCKET_BUFFER, BenchError, child_pids, fio_value, make_log, med,
+    mounted_paths, proc_cpu_secs, proc_mem_kib, read_json, rotated, run_fio, run_mdbench,
+    write_results,
+)
 
-FIO_JOBS = [
-    ("seq-read", "seq-read.ini", "read", "MiB/s"),
-    ("seq-write", "seq-write.ini", "write", "MiB/s"),
-    ("rand-read", "rand-read.ini", "read", "IOPS"),
-    ("rand-write", "rand-write.ini", "write", "IOPS"),
-]
-MD_PHASES = ["create", "stat", "stat_hot", "open_close", "unlink"]
+log = make_log("relay-bench")
+
 TARGETS = ["direct", "relay", "relay-max", "relay-nospin"]
 RELAY_EXTRA = {"relay": [], "relay-max": ["--max-message", "1048576"], "relay-nospin": ["--spin", "0s"]}
 
@@ -60,47 +55,6 @@ PROFILES = {
     "full": dict(reps=3, runtime="8s", ramp="1s", size="512M", md_files=5000, trigger_runs=15, direct_runs=2),
     "smoke": dict(reps=1, runtime="300ms", ramp="0", size="16M", md_files=200, trigger_runs=3, direct_runs=1),
 }
-
-
-def log(msg):
-    print(f"[relay-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    pass
-
-
-def mounted_paths():
-    with open("/proc/self/mountinfo") as f:
-        return [line.split()[4] for line in f]
-
-
-def clk_tck():
-    return os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_secs(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / clk_tck()
-
-
-def proc_mem_kib(pid):
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
-                out[k] = int(v.split()[0])
-    return out
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
 
 
 class Sidecar:
@@ -145,14 +99,14 @@ class Sidecar:
         return self
 
     def sidecar_pid(self):
-        c = children(self.proc.pid)
+        c = child_pids(self.proc.pid)
         return c[0] if c else None
 
     def daemon_pid(self):
         s = self.sidecar_pid()
         if s is None or self.target == "direct":
             return s
-        c = children(s)
+        c = child_pids(s)
         return c[0] if c else None
 
     def stop(self, timeout=30.0):
@@ -177,46 +131,7 @@ class Sidecar:
         raise BenchError(f"{self.name}: no `sidecar exit` line: {self.lines}")
 
     def summary(self):
-        try:
-            with open(self.summary_path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-
-def fio_env(ctx, directory):
-    env = dict(os.environ)
-    env.update(BENCH_DIR=directory, BENCH_SIZE=ctx.p["size"], BENCH_RUNTIME=ctx.p["runtime"],
-               BENCH_RAMP=ctx.p["ramp"], NUMJOBS="1")
-    return env
-
-
-def run_fio(ctx, ini, directory, out):
-    cmd = ["fio", "--output-format=json", f"--output={out}", os.path.join(HERE, "fio", ini)]
-    r = subprocess.run(cmd, env=fio_env(ctx, directory), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=900)
-    if r.returncode != 0:
-        raise BenchError(f"fio {ini} in {directory} failed ({r.returncode}):\n{r.stdout.decode(errors='replace')}")
-    with open(out) as f:
-        text = f.read()
-    return json.loads(text[text.index("{"):])
-
-
-def fio_value(doc, direction, unit):
-    job = doc["jobs"][0]
-    if job.get("error"):
-        raise BenchError(f"fio job error {job['error']}")
-    d = job[direction]
-    return d["bw_bytes"] / 2**20 if unit == "MiB/s" else d["iops"]
-
-
-def run_mdbench(ctx, root, tag):
-    d = os.path.join(root, f"md-{tag}")
-    cmd = [ctx.bin("mdbench"), "--dir", d, "--files", str(ctx.p["md_files"]), "--threads", "1"]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
-    if r.returncode != 0:
-        raise BenchError(f"mdbench in {root} failed: {r.stderr.decode(errors='replace')}")
-    return json.loads(r.stdout)
+        return read_json(self.summary_path)
 
 
 def round_trip_us(mnt, n):
@@ -251,15 +166,6 @@ class Ctx:
             f.write(f"{pid}\n")
 
 
-def rotated(rep):
-    k = rep % len(TARGETS)
-    return TARGETS[k:] + TARGETS[:k]
-
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
 def fmt(v, nd=1):
     if v is None:
         return "-"
@@ -292,7 +198,7 @@ def main():
         s.wait_ready()
     for t, s in side.items():
         log(f"{t}: laying out the fio files")
-        run_fio(ctx, "seq-write.ini", s.mnt, os.path.join(ctx.results, f"layout-{t}.json"))
+        run_fio(ctx.p, "seq-write.ini", s.mnt, 1, os.path.join(ctx.results, f"layout-{t}.json"), timeout=900)
     cpu0 = {t: proc_cpu_secs(side[t].sidecar_pid()) for t in TARGETS if t != "direct"}
 
     # 2. fio, interleaved.
@@ -300,17 +206,17 @@ def main():
         raw["fio"][key] = {t: [] for t in TARGETS}
     for rep in range(ctx.p["reps"]):
         for key, ini, direction, unit in FIO_JOBS:
-            for t in rotated(rep):
+            for t in rotated(TARGETS, rep):
                 out = os.path.join(ctx.results, f"fio-{key}-{t}-{rep}.json")
-                v = fio_value(run_fio(ctx, ini, side[t].mnt, out), direction, unit)
+                v = fio_value(run_fio(ctx.p, ini, side[t].mnt, 1, out, timeout=900), direction, unit)
                 raw["fio"][key][t].append(v)
                 log(f"rep {rep} {key} {t}: {v:.1f} {unit}")
 
     # 3. mdbench, interleaved.
     md = {t: {ph: [] for ph in MD_PHASES} for t in TARGETS}
     for rep in range(ctx.p["reps"]):
-        for t in rotated(rep):
-            doc = run_mdbench(ctx, side[t].mnt, f"{rep}")
+        for t in rotated(TARGETS, rep):
+            doc = run_mdbench(ctx.bin("mdbench"), side[t].mnt, ctx.p["md_files"], 1, f"{rep}", timeout=900)
             for ph in MD_PHASES:
                 md[t][ph].append(doc["phases"][ph]["us_per_op"] if "phases" in doc else doc[ph]["us_per_op"])
             log(f"rep {rep} mdbench {t}: " + ", ".join(f"{ph} {md[t][ph][-1]:.1f}" for ph in MD_PHASES))
@@ -319,7 +225,7 @@ def main():
     # 3b. One round trip: a LOOKUP of a missing name (negative entries are not cached).
     rt = {t: [] for t in TARGETS}
     for rep in range(ctx.p["reps"]):
-        for t in rotated(rep):
+        for t in rotated(TARGETS, rep):
             rt[t].append(round_trip_us(side[t].mnt, ctx.p["md_files"] * 2))
             log(f"rep {rep} round trip {t}: {rt[t][-1]:.1f} us")
     raw["round_trip_us"] = rt
@@ -431,12 +337,7 @@ def main():
               f"SO_SNDBUF {SOCKET_BUFFER}; relay cap {caps[0].get('cap')} B, relay-max cap {caps[1].get('cap')} B; "
               f"{ctx.p['reps']} reps, fio {ctx.p['runtime']} x size {ctx.p['size']}, numjobs 1; "
               f"mdbench {ctx.p['md_files']} files, 1 thread")
-    table = header + "\n" + "\n".join(lines)
-    print(table)
-    with open(os.path.join(ctx.results, "table.txt"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(ctx.results, "raw.json"), "w") as f:
-        json.dump(raw, f, indent=1)
+    write_results(ctx.results, header + "\n" + "\n".join(lines), raw, json_name="raw.json", sort_keys=False)
 
 
 if __name__ == "__main__":

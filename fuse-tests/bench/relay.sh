@@ -15,19 +15,9 @@
 # started (by PID, from WORK/pids) and unmounts whatever is still mounted under that dir.
 set -euo pipefail
 
-build=1
-smoke=""
-args=()
-for a in "$@"; do
-    case "$a" in
-        --no-build) build=0 ;;
-        --smoke) smoke="-smoke"; args+=("$a") ;;
-        -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) args+=("$a") ;;
-    esac
-done
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_args "$@"
 bench_init relay.sh
 results="$here/results/relay-$(date +%Y%m%d-%H%M%S)$smoke"
 bench_workdir drainfs-relay-bench

@@ -15,20 +15,13 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchlib import REPO, free_port, is_mounted
 
 
 def scrape(port):
@@ -37,11 +30,6 @@ def scrape(port):
     secs = {m[1]: float(m[2]) for m in
             re.finditer(r'^drainfs_request_duration_seconds_sum\{op="(\w+)"\} ([0-9.e+-]+)', text, re.M)}
     return count, secs
-
-
-def mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split(" ")[4] == path for line in f)
 
 
 def main():
@@ -67,7 +55,7 @@ def main():
                    "--admin-addr", f"127.0.0.1:{port}"] + (["--ttl", a.ttl] if a.ttl else [])
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 30
-            while not mounted(mnt):
+            while not is_mounted(mnt):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     sys.exit(f"roundtrips: drainfs did not mount ({' '.join(cmd)})")
                 time.sleep(0.01)
@@ -119,10 +107,10 @@ def main():
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        if mounted(mnt):
+        if is_mounted(mnt):
             subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL)
         subprocess.run(["umount", lower], stderr=subprocess.DEVNULL)
-        if not mounted(lower) and not mounted(mnt):
+        if not is_mounted(lower) and not is_mounted(mnt):
             os.rmdir(lower)
             os.rmdir(mnt)
             os.rmdir(work)

@@ -8,15 +8,15 @@
 //! Dropping a [`CsiSidecar`] stops it (SIGTERM to the driver, which stops the sidecar the way
 //! it was told), kills whatever is left and detaches the mount, even when the test panicked.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
-use crate::harness::{bin, force_unmount, is_mounted, wait_until};
+use crate::driver::{DriverEnding, NodeDriver, sidecar_dir};
+use crate::harness::{bin, scratch_dir};
 use crate::lowers::{Server, require_installed};
-use crate::relay::{SIDECAR_UID, SOCKET_BUFFER, collect, first_child, free_port, pid_exists};
+use crate::relay::SOCKET_BUFFER;
+use crate::wait::{free_port, read_json};
 
 /// What the sidecar mounter's `--gcsfuse-path` names.
 #[derive(Clone, Debug)]
@@ -88,12 +88,8 @@ pub struct CsiSidecar {
     pub summary: PathBuf,
     /// `http://127.0.0.1:PORT` of drainfs's admin server (relay only).
     pub admin: Option<String>,
-    driver: Child,
-    stdin: Option<ChildStdin>,
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-    ended: Option<CsiEnding>,
-    pids: Vec<i32>,
+    /// The `fake-node-driver` process, and the PIDs below it.
+    driver: NodeDriver,
 }
 
 /// The volume's mountOptions that point gcsfuse at `server` (REAL-PEERS.md §2.2 and §4.3),
@@ -117,6 +113,93 @@ pub fn mount_options(server: &Server, extra: &[&str]) -> Vec<String> {
     v
 }
 
+/// The installed sidecar mounter and real gcsfuse (`lowers.py paths`).
+///
+/// # Panics
+/// When either is not installed.
+fn installed_peers() -> (String, String) {
+    require_installed(&[]);
+    let paths: serde_json::Value = crate::lowers::lowers_py(&["paths"])
+        .ok()
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .expect("lowers.py paths");
+    let path_of = |name: &str| {
+        paths[name]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| panic!("{name} is not installed"))
+    };
+    (
+        path_of("gcs-fuse-csi-driver-sidecar-mounter"),
+        path_of("gcsfuse"),
+    )
+}
+
+/// Where one [`CsiSidecar`]'s volume lives: the mount point, the `--volume-base-path` and the
+/// volume's name.
+struct Volume<'a> {
+    mnt: &'a Path,
+    base: &'a Path,
+    name: &'a str,
+}
+
+/// `fake-node-driver` in CSI mode for `volume`, the bucket of `server`, stopped `stop`'s way,
+/// with the volume's mountOptions.
+fn csi_driver_command(
+    volume: &Volume<'_>,
+    server: &Server,
+    stop: Stop,
+    extra_options: &[&str],
+) -> Command {
+    let mut cmd = NodeDriver::command(volume.mnt);
+    cmd.arg("--ready-timeout")
+        .arg("30s")
+        .arg("--volume-base-path")
+        .arg(volume.base)
+        .arg("--volume-name")
+        .arg(volume.name)
+        .arg("--bucket")
+        .arg(&server.bucket)
+        .arg("--stop")
+        .arg(match stop {
+            Stop::Native => "native",
+            Stop::ExitFile => "exit-file",
+        });
+    for o in mount_options(server, extra_options) {
+        cmd.arg(format!("--mount-option={o}"));
+    }
+    cmd
+}
+
+/// What `--gcsfuse-path` names for `gcsfuse`: the real one, or a `gcsfuse` symlink to drainfs
+/// in `dir/dropin` with the `DRAINFS_*` environment (the real gcsfuse, 212992-byte socket
+/// buffers, the summary file, an admin address) set on `cmd`; returns the path and the admin
+/// URL (relay only).
+fn gcsfuse_path(
+    cmd: &mut Command,
+    gcsfuse: &Gcsfuse,
+    dir: &Path,
+    real: &str,
+    summary: &Path,
+) -> (PathBuf, Option<String>) {
+    let Gcsfuse::Relay(env) = gcsfuse else {
+        return (PathBuf::from(real), None);
+    };
+    let dropin = dir.join("dropin");
+    std::fs::create_dir(&dropin).unwrap();
+    let link = dropin.join("gcsfuse");
+    std::os::unix::fs::symlink(bin("drainfs"), &link).unwrap();
+    let port = free_port();
+    cmd.env("DRAINFS_REAL_GCSFUSE", real)
+        .env("DRAINFS_SOCKET_BUFFER", SOCKET_BUFFER.to_string())
+        .env("DRAINFS_SUMMARY_FILE", summary)
+        .env("DRAINFS_ADMIN_ADDR", format!("127.0.0.1:{port}"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    (link, Some(format!("http://127.0.0.1:{port}")))
+}
+
 impl CsiSidecar {
     /// Mounts a fresh directory through the real sidecar mounter and waits (60 s at most)
     /// until the mount answers.
@@ -125,33 +208,13 @@ impl CsiSidecar {
     /// If the real peers are not installed, or the mount does not become ready (with
     /// everything the processes wrote on stderr).
     pub fn start(server: &Server, gcsfuse: Gcsfuse, stop: Stop, extra_options: &[&str]) -> Self {
-        require_installed(&[]);
-        let paths: serde_json::Value = crate::lowers::lowers_py(&["paths"])
-            .ok()
-            .and_then(|j| serde_json::from_str(&j).ok())
-            .expect("lowers.py paths");
-        let path_of = |name: &str| {
-            paths[name]
-                .as_str()
-                .map(String::from)
-                .unwrap_or_else(|| panic!("{name} is not installed"))
-        };
-        let mounter = path_of("gcs-fuse-csi-driver-sidecar-mounter");
-        let real = path_of("gcsfuse");
-        let dir = tempfile::Builder::new()
-            .prefix("drainfs-csi-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let (mounter, real) = installed_peers();
+        let dir = scratch_dir("/tmp", "drainfs-csi-");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         let base = dir.path().join("volumes");
         let var = dir.path().join("var");
-        crate::relay::sidecar_dir(&var);
+        sidecar_dir(&var);
         let summary = var.join("summary.json");
         let volume = dir
             .path()
@@ -159,72 +222,22 @@ impl CsiSidecar {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-
-        let mut cmd = Command::new(bin("fake-node-driver"));
-        cmd.arg("--mountpoint")
-            .arg(&mnt)
-            .arg("--uid")
-            .arg(SIDECAR_UID.to_string())
-            .arg("--gid")
-            .arg(SIDECAR_UID.to_string())
-            .arg("--ready-timeout")
-            .arg("30s")
-            .arg("--volume-base-path")
-            .arg(&base)
-            .arg("--volume-name")
-            .arg(&volume)
-            .arg("--bucket")
-            .arg(&server.bucket)
-            .arg("--stop")
-            .arg(match stop {
-                Stop::Native => "native",
-                Stop::ExitFile => "exit-file",
-            });
-        for o in mount_options(server, extra_options) {
-            cmd.arg(format!("--mount-option={o}"));
-        }
-        let mut admin = None;
-        let gcsfuse_path = match &gcsfuse {
-            Gcsfuse::Stock => PathBuf::from(&real),
-            Gcsfuse::Relay(env) => {
-                let dropin = dir.path().join("dropin");
-                std::fs::create_dir(&dropin).unwrap();
-                let link = dropin.join("gcsfuse");
-                std::os::unix::fs::symlink(bin("drainfs"), &link).unwrap();
-                let port = free_port();
-                admin = Some(format!("http://127.0.0.1:{port}"));
-                cmd.env("DRAINFS_REAL_GCSFUSE", &real)
-                    .env("DRAINFS_SOCKET_BUFFER", SOCKET_BUFFER.to_string())
-                    .env("DRAINFS_SUMMARY_FILE", &summary)
-                    .env("DRAINFS_ADMIN_ADDR", format!("127.0.0.1:{port}"));
-                for (k, v) in env {
-                    cmd.env(k, v);
-                }
-                link
-            }
+        let v = Volume {
+            mnt: &mnt,
+            base: &base,
+            name: &volume,
         };
+        let mut cmd = csi_driver_command(&v, server, stop, extra_options);
+        let (path, admin) = gcsfuse_path(&mut cmd, &gcsfuse, dir.path(), &real, &summary);
         cmd.arg("--")
             .arg(&mounter)
             .arg("--v=5")
-            .arg(format!("--gcsfuse-path={}", gcsfuse_path.display()))
-            .env(
-                "RUST_LOG",
-                std::env::var("DRAINFS_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut driver = cmd.spawn().expect("spawn fake-node-driver");
-        let stdout = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        collect(
-            driver.stdout.take().unwrap(),
-            stdout.clone(),
-            "[csi-driver]",
-        );
-        collect(driver.stderr.take().unwrap(), stderr.clone(), "|");
-        let stdin = driver.stdin.take();
-        let mut s = CsiSidecar {
+            .arg(format!("--gcsfuse-path={}", path.display()));
+        let mut driver = NodeDriver::spawn(cmd, &mnt, "[csi-driver]", Duration::from_secs(40));
+        driver.wait_ready(Duration::from_secs(60));
+        // The sidecar mounter, its child (gcsfuse or drainfs), and drainfs's child (gcsfuse).
+        driver.note_chain(if admin.is_some() { 3 } else { 2 });
+        CsiSidecar {
             dir,
             mnt,
             base,
@@ -232,51 +245,26 @@ impl CsiSidecar {
             summary,
             admin,
             driver,
-            stdin,
-            stdout,
-            stderr,
-            ended: None,
-            pids: Vec::new(),
-        };
-        let ok = wait_until(Duration::from_secs(60), || {
-            s.stdout_has("ready") || s.driver.try_wait().ok().flatten().is_some()
-        });
-        assert!(
-            ok && s.stdout_has("ready"),
-            "the mount did not become ready:\n{}",
-            s.stderr_text()
-        );
-        // The sidecar mounter, its child (gcsfuse or drainfs), and drainfs's child (gcsfuse).
-        let mut pid = s.driver.id() as i32;
-        for _ in 0..(if s.admin.is_some() { 3 } else { 2 }) {
-            let mut next = None;
-            wait_until(Duration::from_secs(5), || {
-                next = first_child(pid);
-                next.is_some()
-            });
-            let Some(n) = next else { break };
-            s.pids.push(n);
-            pid = n;
         }
-        s
     }
 
     /// PID of the sidecar mounter.
     pub fn mounter_pid(&self) -> i32 {
-        self.pids[0]
+        self.driver.pids()[0]
     }
 
     /// PID of the sidecar mounter's child: gcsfuse (stock) or drainfs (relay).
     pub fn child_pid(&self) -> i32 {
         *self
-            .pids
+            .driver
+            .pids()
             .get(1)
             .expect("no child of the sidecar mounter seen")
     }
 
     /// PID of the real gcsfuse.
     pub fn gcsfuse_pid(&self) -> i32 {
-        *self.pids.last().expect("no gcsfuse seen")
+        *self.driver.pids().last().expect("no gcsfuse seen")
     }
 
     /// Path inside the mount.
@@ -286,12 +274,12 @@ impl CsiSidecar {
 
     /// Whether `fake-node-driver` printed exactly `line`.
     pub fn stdout_has(&self, line: &str) -> bool {
-        self.stdout.lock().unwrap().iter().any(|l| l == line)
+        self.driver.stdout_has(line)
     }
 
     /// Everything written on stderr so far (driver, sidecar mounter, drainfs, gcsfuse).
     pub fn stderr_text(&self) -> String {
-        self.stderr.lock().unwrap().join("\n")
+        self.driver.stderr_text()
     }
 
     /// drainfs's summary (relay only).
@@ -299,19 +287,13 @@ impl CsiSidecar {
     /// # Panics
     /// When it is missing or not JSON.
     pub fn summary(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(&self.summary)
-            .unwrap_or_else(|e| panic!("{}: {e}", self.summary.display()));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {text}"))
+        read_json(&self.summary).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Stops the workload (SIGTERM to `fake-node-driver`, which sends the sidecar mounter
     /// SIGTERM or creates the exit file) and waits up to `timeout` for the ending.
     pub fn stop(&mut self, timeout: Duration) -> CsiEnding {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.driver.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        self.wait(timeout)
+        self.driver.stop(timeout).into()
     }
 
     /// Waits up to `timeout` for `fake-node-driver` to exit and returns the ending.
@@ -319,116 +301,56 @@ impl CsiSidecar {
     /// # Panics
     /// On timeout, or when the driver printed no status line.
     pub fn wait(&mut self, timeout: Duration) -> CsiEnding {
-        if let Some(e) = &self.ended {
-            return e.clone();
-        }
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(st) = self.driver.try_wait().expect("try_wait") {
-                break st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fake-node-driver did not exit within {timeout:?}:\n{}",
-                self.stderr_text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        wait_until(Duration::from_secs(2), || {
-            self.stdout
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|l| l.starts_with("sidecar exit: "))
-        });
-        let lines = self.stdout.lock().unwrap().clone();
-        let last = lines
-            .iter()
-            .find(|l| l.starts_with("sidecar exit: "))
-            .unwrap_or_else(|| {
-                panic!(
-                    "fake-node-driver exited ({status}) without a status line:\n{}",
-                    self.stderr_text()
-                )
-            });
-        let rest = last.strip_prefix("sidecar exit: ").unwrap();
-        let (what, ms) = rest.rsplit_once(" after ").expect("status line");
-        let ms: i64 = ms.trim_end_matches(" ms").parse().expect("status line ms");
-        let (code, signal) = match what.strip_prefix("signal ") {
-            Some(sig) => (None, Some(sig.to_string())),
-            None => (Some(what.parse().expect("status line code")), None),
-        };
-        let ending = CsiEnding {
-            driver: status,
-            code,
-            signal,
-            ms_after_stop: u64::try_from(ms).ok(),
-            sigkill_sent: lines.iter().any(|l| l == "sigkill sent"),
-            gcsfuse_exit: lines
-                .iter()
-                .find_map(|l| l.strip_prefix("gcsfuse exit: "))
-                .unwrap_or("")
-                .to_string(),
-            error_lines: lines
-                .iter()
-                .filter_map(|l| l.strip_prefix("error file: "))
-                .map(str::to_string)
-                .collect(),
-        };
-        self.ended = Some(ending.clone());
-        ending
+        self.driver.wait(timeout).into()
     }
 
     /// Asserts that nothing is left: no mount, no sidecar mounter, drainfs or gcsfuse process,
     /// and no directory of this volume under `/gcsfuse-tmp` or `/gcsfuse-buffer`.
     pub fn assert_nothing_left(&self) {
-        assert!(
-            !is_mounted(&self.mnt),
-            "{} is still mounted",
-            self.mnt.display()
-        );
-        for &pid in &self.pids {
-            let gone = wait_until(Duration::from_secs(2), || !pid_exists(pid));
-            assert!(
-                gone,
-                "process {pid} is still there: {:?}",
-                std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default()
-            );
-        }
-        for d in ["/gcsfuse-tmp/.volumes", "/gcsfuse-buffer/.volumes"] {
-            let p = Path::new(d).join(&self.volume);
+        self.driver.assert_gone();
+        for p in self.volume_dirs() {
             assert!(!p.exists(), "{} is left behind", p.display());
+        }
+    }
+
+    /// The sidecar mounter's directories of this volume outside the scratch directory.
+    fn volume_dirs(&self) -> [PathBuf; 2] {
+        ["/gcsfuse-tmp/.volumes", "/gcsfuse-buffer/.volumes"]
+            .map(|d| Path::new(d).join(&self.volume))
+    }
+}
+
+impl From<DriverEnding> for CsiEnding {
+    fn from(e: DriverEnding) -> CsiEnding {
+        CsiEnding {
+            driver: e.status,
+            code: e.code,
+            signal: e.signal,
+            ms_after_stop: e.ms_after_stop,
+            sigkill_sent: e.sigkill_sent,
+            gcsfuse_exit: e
+                .lines
+                .iter()
+                .find_map(|l| l.strip_prefix("gcsfuse exit: "))
+                .unwrap_or("")
+                .to_string(),
+            error_lines: e
+                .lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("error file: "))
+                .map(str::to_string)
+                .collect(),
         }
     }
 }
 
+/// Stops the driver (which stops the sidecar mounter the way it was told, 40 s at most), kills
+/// whatever is left, detaches the mount and removes the volume's directories.
 impl Drop for CsiSidecar {
     fn drop(&mut self) {
-        if let Some(mut i) = self.stdin.take() {
-            let _ = i.flush();
+        self.driver.shut_down();
+        for p in self.volume_dirs() {
+            let _ = std::fs::remove_dir_all(p);
         }
-        if self.ended.is_none() && self.driver.try_wait().ok().flatten().is_none() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.driver.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            if !wait_until(Duration::from_secs(40), || {
-                self.driver.try_wait().ok().flatten().is_some()
-            }) {
-                let _ = self.driver.kill();
-                let _ = self.driver.wait();
-            }
-        }
-        for &pid in &self.pids {
-            if pid_exists(pid) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-        force_unmount(&self.mnt);
-        let _ = std::fs::remove_dir_all(Path::new("/gcsfuse-tmp/.volumes").join(&self.volume));
-        let _ = std::fs::remove_dir_all(Path::new("/gcsfuse-buffer/.volumes").join(&self.volume));
     }
 }

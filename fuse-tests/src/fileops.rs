@@ -1,9 +1,10 @@
 //! Small file helpers shared by the mount tests: a deterministic data pattern, `close(2)` with
-//! its result (dropping a `File` ignores it), errno names for comparing outcomes across mounts.
+//! its result (dropping a `File` ignores it), errno names for comparing outcomes across mounts,
+//! and a shared mapping of a file ([`SharedMap`]) that outlives its fd if the test wants.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::Path;
 
 /// `len` bytes of a deterministic pseudo-random pattern (xorshift64, seeded by `seed`).
@@ -61,4 +62,98 @@ pub fn names(dir: &Path) -> io::Result<Vec<String>> {
         .collect::<io::Result<_>>()?;
     v.sort();
     Ok(v)
+}
+
+/// A `MAP_SHARED` mapping of the first `len` bytes of a file (`mmap(2)`), unmapped on drop
+/// (or by [`SharedMap::unmap`], which asserts that `munmap(2)` succeeded). The mapping stays
+/// valid after the file's fd is closed, as the kernel keeps the file open for it.
+pub struct SharedMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+    writable: bool,
+}
+
+impl SharedMap {
+    /// Maps `len` bytes of `f` from offset 0, read-write when `writable`, else read-only.
+    ///
+    /// # Panics
+    /// If `mmap` fails (with its errno).
+    pub fn new(f: &File, len: usize, writable: bool) -> SharedMap {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh shared mapping of an open file; nothing else in this process aliases
+        // it, and it is unmapped once, by `unmap` or drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            io::Error::last_os_error()
+        );
+        SharedMap { ptr, len, writable }
+    }
+
+    /// The mapped bytes (reading faults them in).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes long and readable while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    /// Copies `data` into the mapping at `off` (dirtying its pages; no WRITE is sent yet).
+    ///
+    /// # Panics
+    /// If the mapping is read-only or `off + data.len()` is past its end.
+    pub fn write_at(&mut self, off: usize, data: &[u8]) {
+        assert!(self.writable, "a read-only mapping");
+        assert!(off + data.len() <= self.len, "past the mapping's end");
+        // SAFETY: in bounds (asserted) of a writable mapping owned by `self`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.cast::<u8>().add(off), data.len())
+        };
+    }
+
+    /// Fills the whole mapping with `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        self.write_at(0, &vec![byte; self.len]);
+    }
+
+    /// `msync(MS_SYNC)` of the whole mapping.
+    ///
+    /// # Panics
+    /// If it fails (with its errno).
+    pub fn msync(&self) {
+        // SAFETY: the mapping made by `new`, still mapped.
+        let r = unsafe { libc::msync(self.ptr, self.len, libc::MS_SYNC) };
+        assert_eq!(r, 0, "msync: {}", io::Error::last_os_error());
+    }
+
+    /// Unmaps it now.
+    ///
+    /// # Panics
+    /// If `munmap` fails.
+    pub fn unmap(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: unmaps exactly what `new` mapped, once (drop does not run).
+        let r = unsafe { libc::munmap(this.ptr, this.len) };
+        assert_eq!(r, 0, "munmap: {}", io::Error::last_os_error());
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped, once.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
 }

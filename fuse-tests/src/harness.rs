@@ -1,16 +1,25 @@
-//! A mounted drainfs for tests: runs the real `drainfs` binary over a temporary lower and
-//! unmounts on drop, even when the test panics (RAII, as mountpoint-s3's test sessions do).
+//! drainfs mounted for tests: [`Mounted`] runs the real `drainfs run` over a temporary lower
+//! (a plain directory, or any lower command) and unmounts on drop, even when the test panics
+//! (RAII, as mountpoint-s3's test sessions do); [`BucketStack`] is drainfs over the gcsfuse-like
+//! `bucketfs`. Also where the binaries are found ([`bin`]) and the scratch directories every
+//! layer makes ([`scratch_dir`], [`make_dirs`]). The process, mount and wait primitives it
+//! builds on live in [`crate::process`], [`crate::mounts`] and [`crate::wait`] (re-exported
+//! here: [`Proc`], [`is_mounted`], [`force_unmount`], [`wait_until`]).
 //!
 //! The binaries are found next to the test executable's `deps/` directory
 //! (`target/<profile>/drainfs`, `target/<profile>/bucketfs`), so the suite must be run after
 //! `cargo build --workspace --bins` (the README's test command does that), or with
 //! `DRAINFS_BIN` / `BUCKETFS_BIN` set.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+pub use crate::mounts::{force_unmount, is_mounted};
+pub use crate::process::Proc;
+pub use crate::wait::wait_until;
 
 /// Path of a workspace binary (`drainfs`, `bucketfs`).
 pub fn bin(name: &str) -> PathBuf {
@@ -36,155 +45,6 @@ pub fn bin(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-/// Whether `path` (absolute) is a mount point right now.
-pub fn is_mounted(path: &Path) -> bool {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let p = path.to_string_lossy().replace(' ', "\\040");
-    text.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
-}
-
-/// Polls `f` every 10 ms until it returns true or `timeout` passes; returns the last result.
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Detaches anything still mounted at `path` (lazy), aborting a wedged FUSE connection.
-pub fn force_unmount(path: &Path) {
-    for _ in 0..8 {
-        if !is_mounted(path) {
-            return;
-        }
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg("-z")
-            .arg("-q")
-            .arg(path)
-            .stderr(Stdio::null())
-            .status();
-        if is_mounted(path) {
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(path)
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
-/// A running process whose stderr is collected, killed on drop.
-pub struct Proc {
-    /// The child.
-    pub child: Child,
-    /// Its stderr lines so far.
-    pub stderr: Arc<Mutex<Vec<String>>>,
-    exited: Option<ExitStatus>,
-}
-
-impl Proc {
-    /// Spawns `cmd` with stderr captured (and echoed to the test's stderr for debugging).
-    pub fn spawn(mut cmd: Command) -> Proc {
-        cmd.stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let err = child.stderr.take().expect("piped");
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("    | {line}");
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Proc {
-            child,
-            stderr,
-            exited: None,
-        }
-    }
-
-    /// PID.
-    pub fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// Sends a signal.
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig);
-    }
-
-    /// Waits up to `timeout` for the exit status.
-    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        if let Some(s) = self.exited {
-            return Some(s);
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                self.exited = Some(s);
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// PID of this process's first child (drainfs's lower), waiting up to 5 s for it.
-    pub fn child_pid(&self) -> i32 {
-        let pid = self.pid();
-        let mut out = None;
-        wait_until(Duration::from_secs(5), || {
-            for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let children =
-                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-                if let Some(c) = children.split_whitespace().next() {
-                    out = c.parse().ok();
-                    return true;
-                }
-            }
-            false
-        });
-        out.expect("a child process")
-    }
-
-    /// Whether stderr has a line containing `needle`.
-    pub fn stderr_contains(&self, needle: &str) -> bool {
-        self.stderr
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-    }
-
-    /// All stderr so far.
-    pub fn stderr_text(&self) -> String {
-        self.stderr.lock().unwrap().join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.exited.is_none() && self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// A temporary lower, a mountpoint and a running drainfs. Dropping it stops drainfs
@@ -213,6 +73,41 @@ pub struct MountOpts {
     pub no_wait: bool,
 }
 
+/// A fresh scratch directory `BASE/PREFIXxxxxxx` (mode 0755, so that other users, such as a
+/// sidecar's uid 65534 or a non-root test user, can reach what is inside), removed on drop.
+pub fn scratch_dir(base: &str, prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(base)
+        .expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    dir
+}
+
+/// Creates each of `names` as a directory under `dir` and returns their paths, in order.
+pub fn make_dirs<const N: usize>(dir: &Path, names: [&str; N]) -> [PathBuf; N] {
+    names.map(|n| {
+        let p = dir.join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    })
+}
+
+/// The `RUST_LOG` the processes under test run with: `DRAINFS_TEST_LOG`, or `info`.
+pub fn test_log() -> String {
+    std::env::var("DRAINFS_TEST_LOG").unwrap_or_else(|_| "info".into())
+}
+
+/// How [`Mounted`]'s drop stops drainfs: SIGTERM (drain), then SIGKILL.
+const DROP_LADDER: [(Signal, Duration); 2] = [
+    (Signal::SIGTERM, Duration::from_secs(10)),
+    (Signal::SIGKILL, Duration::from_secs(5)),
+];
+
 impl Mounted {
     /// Mounts drainfs over a fresh temporary lower with `--passthrough <passthrough>`.
     pub fn new(passthrough: &str) -> Mounted {
@@ -222,26 +117,22 @@ impl Mounted {
         })
     }
 
-    /// Mounts with full options.
+    /// Mounts with full options, in a fresh directory under `/tmp`.
     pub fn start(opts: MountOpts) -> Mounted {
-        let dir = tempfile::Builder::new()
-            .prefix("drainfs-test-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        // World-traversable so non-root test users can reach the mount.
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let lower = dir.path().join("lower");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&lower).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
+        Self::start_under("/tmp", opts)
+    }
+
+    /// Mounts with full options, in a fresh directory (mode 0755, holding `lower/` and `mnt/`)
+    /// under `base` (e.g. `/dev/shm`, for a lower on tmpfs).
+    pub fn start_under(base: &str, opts: MountOpts) -> Mounted {
+        let dir = scratch_dir(base, "drainfs-test-");
+        let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
         Self::start_in(dir, lower, mnt, opts)
     }
 
-    /// Mounts with a caller-prepared directory layout.
+    /// Mounts with a caller-prepared directory layout: `drainfs run --lower LOWER
+    /// --mountpoint MNT <args> [--ready-file DIR/harness-ready] [-- <lower_cmd>]`, and waits
+    /// (30 s at most) until it serves unless `opts.no_wait`.
     pub fn start_in(
         dir: tempfile::TempDir,
         lower: PathBuf,
@@ -273,10 +164,7 @@ impl Mounted {
                 );
             }
         }
-        cmd.env(
-            "RUST_LOG",
-            std::env::var("DRAINFS_TEST_LOG").unwrap_or_else(|_| "info".into()),
-        );
+        cmd.env("RUST_LOG", test_log());
         cmd.stdin(Stdio::null()).stdout(Stdio::null());
         let proc = Proc::spawn(cmd);
         let mut m = Mounted {
@@ -293,16 +181,15 @@ impl Mounted {
     }
 
     /// Waits until drainfs's mount is up and answered a round trip.
+    ///
+    /// # Panics
+    /// If it is not mounted by `timeout` (or drainfs exited first), with drainfs's stderr.
     pub fn wait_serving(&mut self, timeout: Duration) {
-        let mnt = self.mnt.clone();
-        let ok = wait_until(timeout, || {
-            if self.proc.child.try_wait().ok().flatten().is_some() {
-                return true;
-            }
-            self.ready.exists() && is_mounted(&mnt)
-        });
+        let (ready, mnt) = (self.ready.clone(), self.mnt.clone());
+        self.proc
+            .wait_while_running(timeout, || ready.exists() && is_mounted(&mnt));
         assert!(
-            ok && is_mounted(&mnt),
+            is_mounted(&mnt),
             "drainfs did not mount within {timeout:?}:\n{}",
             self.proc.stderr_text()
         );
@@ -320,13 +207,8 @@ impl Mounted {
 
     /// Sends SIGTERM and waits for the exit status (bounded); asserts nothing is left mounted.
     pub fn stop(&mut self, timeout: Duration) -> ExitStatus {
-        self.proc.signal(nix::sys::signal::Signal::SIGTERM);
-        let st = self.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.proc.stderr_text()
-            )
-        });
+        self.proc.signal(Signal::SIGTERM);
+        let st = self.proc.wait_exit(timeout, "drainfs");
         assert!(!is_mounted(&self.mnt), "mount left behind after exit");
         st
     }
@@ -334,13 +216,7 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if self.proc.exited.is_none() && self.proc.child.try_wait().ok().flatten().is_none() {
-            self.proc.signal(nix::sys::signal::Signal::SIGTERM);
-            if self.proc.wait_timeout(Duration::from_secs(10)).is_none() {
-                let _ = self.proc.child.kill();
-                let _ = self.proc.wait_timeout(Duration::from_secs(5));
-            }
-        }
+        self.proc.stop(&DROP_LADDER);
         force_unmount(&self.mnt);
         force_unmount(&self.lower);
     }
@@ -379,12 +255,7 @@ pub fn over_bucketfs(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) 
         .prefix("drainfs-bucket-")
         .tempdir_in("/tmp")
         .expect("tempdir");
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    for d in [&lower, &mnt, &bucket] {
-        std::fs::create_dir(d).unwrap();
-    }
+    let [lower, mnt, bucket] = make_dirs(dir.path(), ["lower", "mnt", "bucket"]);
     let events = dir.path().join("events.jsonl");
     let exit_file = dir.path().join("volumes").join("exit");
     let summary = dir.path().join("summary.json");
@@ -423,5 +294,49 @@ pub fn over_bucketfs(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) 
         events,
         exit_file,
         summary,
+    }
+}
+
+impl BucketStack {
+    /// bucketfs's events so far.
+    pub fn events(&self) -> Vec<crate::bucket::BucketEvent> {
+        crate::bucket::read_events(&self.events)
+    }
+
+    /// Creates the exit file (and its directory) in place.
+    pub fn touch_exit_file(&self) {
+        std::fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
+        std::fs::write(&self.exit_file, b"").unwrap();
+    }
+
+    /// drainfs's summary file.
+    ///
+    /// # Panics
+    /// When it is missing or not JSON.
+    pub fn summary(&self) -> serde_json::Value {
+        crate::wait::summary_at(&self.summary)
+    }
+
+    /// drainfs's exit code (-1 for a signal), waiting up to `timeout`.
+    ///
+    /// # Panics
+    /// On timeout, with drainfs's stderr.
+    pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        self.m
+            .proc
+            .wait_exit(timeout, "drainfs")
+            .code()
+            .unwrap_or(-1)
+    }
+
+    /// Asserts that neither drainfs's mount nor the lower's is left.
+    pub fn assert_nothing_mounted(&self) {
+        assert!(!is_mounted(&self.m.mnt), "drainfs mount left behind");
+        assert!(!is_mounted(&self.m.lower), "lower mount left behind");
+    }
+
+    /// PID of the lower (drainfs's child, bucketfs), waiting up to 5 s for it.
+    pub fn lower_pid(&self) -> i32 {
+        self.m.proc.child_pid()
     }
 }

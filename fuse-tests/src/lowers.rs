@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use crate::process::pid_alive;
+
 /// Which pair of server and FUSE client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -265,8 +267,7 @@ impl Drop for Server {
 }
 
 /// `GET path` from `127.0.0.1:port` over HTTP/1.0, in this process (no fork): the status code
-/// and the body. HTTP/1.0 makes the server answer without chunked encoding and end the
-/// connection after the answer.
+/// and the body ([`crate::wait::http_get_from`]).
 ///
 /// # Errors
 /// A message when connecting, sending or reading fails or takes longer than `timeout`.
@@ -275,32 +276,7 @@ pub fn http_get(
     path: &str,
     timeout: std::time::Duration,
 ) -> Result<(u16, String), String> {
-    use std::io::Read;
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
-    conn.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    conn.set_write_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-    )
-    .map_err(|e| format!("GET {path}: {e}"))?;
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .map_err(|e| format!("GET {path}: {e}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("GET {path}: no HTTP header in {text:.200}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("GET {path}: bad status line in {head:.200}"))?;
-    Ok((code, body.to_string()))
+    crate::wait::http_get_from(&format!("127.0.0.1:{port}"), path, timeout)
 }
 
 /// SHA-256 of `data`, lowercase hex (through `sha256sum`).
@@ -353,45 +329,4 @@ pub fn objects_of_tree(root: &Path, prefix: &str) -> BTreeMap<String, Object> {
     let mut out = BTreeMap::new();
     walk(root, prefix, &mut out);
     out
-}
-
-/// The PIDs of `pid`'s children (from `/proc/PID/task/*/children`).
-pub fn child_pids(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
-    }
-    out
-}
-
-/// Whether `pid` exists and is not a zombie.
-pub fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(st) => st
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
-}
-
-/// The file system type mounted at `path` (the top of the stack), if any.
-pub fn fstype_at(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let p = path.to_string_lossy().replace(' ', "\\040");
-    // The last matching line is the top of the stack.
-    text.lines().rev().find_map(|l| {
-        if l.split(' ').nth(4) != Some(p.as_str()) {
-            return None;
-        }
-        let (_, after) = l.split_once(" - ")?;
-        after.split(' ').next().map(str::to_string)
-    })
 }

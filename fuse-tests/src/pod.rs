@@ -24,73 +24,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use crate::harness::{Proc, wait_until};
+use nix::sys::signal::Signal;
 
-/// One line of a mountinfo table (proc(5)).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mnt {
-    /// Mount ID.
-    pub id: u64,
-    /// Parent mount ID.
-    pub parent: u64,
-    /// Mount point (octal escapes left as they are; test paths have none).
-    pub mount_point: PathBuf,
-    /// Optional fields (`shared:N`, `master:N`...), space-separated.
-    pub propagation: String,
-    /// File system type (`fuse` for a FUSE file system mounted directly by root, which has no
-    /// subtype then; `fuse.<subtype>` through fusermount3).
-    pub fstype: String,
-    /// Mount source (a FUSE file system's fsname: `drainfs`, `bucketfs:<bucket>`).
-    pub source: String,
-}
-
-impl Mnt {
-    /// Whether it is a FUSE mount.
-    pub fn is_fuse(&self) -> bool {
-        self.fstype == "fuse" || self.fstype.starts_with("fuse.") || self.fstype == "fuseblk"
-    }
-}
-
-/// Parses mountinfo text.
-pub fn parse_mountinfo(text: &str) -> Vec<Mnt> {
-    text.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let f: Vec<&str> = left.split(' ').collect();
-            Some(Mnt {
-                id: f.first()?.parse().ok()?,
-                parent: f.get(1)?.parse().ok()?,
-                mount_point: PathBuf::from(*f.get(4)?),
-                propagation: f.get(6..).map(|o| o.join(" ")).unwrap_or_default(),
-                fstype: right.split(' ').next()?.to_string(),
-                source: right.split(' ').nth(1)?.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// The mount table of the mount namespace `pid` is in (`self` for the test's own).
-pub fn mountinfo_of(pid: &str) -> Vec<Mnt> {
-    parse_mountinfo(&std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default())
-}
-
-/// The mounts at `path`, bottom first (in table order).
-pub fn mounts_at(table: &[Mnt], path: &Path) -> Vec<Mnt> {
-    table
-        .iter()
-        .filter(|m| m.mount_point == path)
-        .cloned()
-        .collect()
-}
-
-/// The topmost mount at `path`: the one no other mount at `path` is stacked on.
-pub fn top_at(table: &[Mnt], path: &Path) -> Option<Mnt> {
-    let here = mounts_at(table, path);
-    here.iter()
-        .rev()
-        .find(|m| !here.iter().any(|o| o.parent == m.id))
-        .cloned()
-}
+use crate::harness::{make_dirs, scratch_dir};
+pub use crate::mounts::{Mnt, mountinfo_of, mounts_at, parse_mountinfo, top_at};
+use crate::mounts::{detach_down_to, mount_id_at};
+use crate::process::{Proc, first_child};
+use crate::wait::{wait_for, wait_until};
 
 fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd
@@ -123,9 +63,7 @@ impl BindMount {
     pub fn new(path: &Path, shared: bool) -> BindMount {
         let path = path.canonicalize().expect("volume directory");
         run(Command::new("mount").arg("--bind").arg(&path).arg(&path)).expect("bind mount");
-        let id = top_at(&mountinfo_of("self"), &path)
-            .expect("the bind mount is in mountinfo")
-            .id;
+        let id = mount_id_at(&path).expect("the bind mount is in mountinfo");
         let b = BindMount { path, id };
         if shared {
             run(Command::new("mount").arg("--make-shared").arg(&b.path)).expect("make-shared");
@@ -143,28 +81,7 @@ impl BindMount {
 
 impl Drop for BindMount {
     fn drop(&mut self) {
-        for _ in 0..16 {
-            let Some(top) = top_at(&mountinfo_of("self"), &self.path) else {
-                return;
-            };
-            if top.is_fuse() {
-                let _ = Command::new("fusermount3")
-                    .args(["-u", "-z", "-q"])
-                    .arg(&self.path)
-                    .stderr(Stdio::null())
-                    .status();
-            }
-            if top_at(&mountinfo_of("self"), &self.path).is_some_and(|t| t.id == top.id) {
-                let _ = Command::new("umount")
-                    .arg("-l")
-                    .arg(&self.path)
-                    .stderr(Stdio::null())
-                    .status();
-            }
-            if top.id == self.id {
-                return;
-            }
-        }
+        detach_down_to(&self.path, self.id);
     }
 }
 
@@ -209,14 +126,12 @@ impl Container {
         let mut proc = Proc::spawn(cmd);
         // PID 1 is unshare's only child. A command that fails at once (drainfs refusing its
         // arguments) may be gone before it is seen: then `pid1` is -1 and the exit status tells.
-        let mut pid1 = -1;
-        wait_until(Duration::from_secs(10), || {
-            if let Some(c) = crate::lowers::child_pids(proc.pid()).first() {
-                pid1 = *c;
-                return true;
-            }
-            proc.child.try_wait().ok().flatten().is_some()
-        });
+        let unshare = proc.pid();
+        let pid1 = wait_for(Duration::from_secs(10), || match first_child(unshare) {
+            Some(c) => Some(c),
+            None => proc.exited().then_some(-1),
+        })
+        .unwrap_or(-1);
         // The mount namespace is the unshare process's own (it unshared before forking).
         let ns = format!("/proc/{}/ns/mnt", proc.pid());
         let ino = |p: &str| {
@@ -232,8 +147,8 @@ impl Container {
 
     /// Sends `sig` to the container's PID 1 (as the kubelet does; the `unshare` parent does not
     /// forward signals).
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid1), sig);
+    pub fn signal(&self, sig: Signal) {
+        crate::process::send(self.pid1, sig);
     }
 
     /// Waits up to `timeout` for PID 1's exit status.
@@ -263,8 +178,7 @@ impl Container {
                 == target.as_ref().ok().copied()
         });
         let table = mountinfo_of(&pid.to_string());
-        parked.signal(nix::sys::signal::Signal::SIGKILL);
-        let _ = parked.wait_timeout(Duration::from_secs(5));
+        parked.stop(&[(Signal::SIGKILL, Duration::from_secs(5))]);
         assert!(
             inside,
             "nsenter did not enter the container's mount namespace"
@@ -273,15 +187,15 @@ impl Container {
     }
 }
 
+/// How a [`Container`]'s drop stops its PID 1 (as the kubelet would): SIGTERM, then SIGKILL.
+const CONTAINER_LADDER: [(Signal, Duration); 2] = [
+    (Signal::SIGTERM, Duration::from_secs(10)),
+    (Signal::SIGKILL, Duration::from_secs(5)),
+];
+
 impl Drop for Container {
     fn drop(&mut self) {
-        if self.proc.child.try_wait().ok().flatten().is_none() {
-            self.signal(nix::sys::signal::Signal::SIGTERM);
-            if self.proc.wait_timeout(Duration::from_secs(10)).is_none() {
-                self.signal(nix::sys::signal::Signal::SIGKILL);
-                let _ = self.proc.wait_timeout(Duration::from_secs(5));
-            }
-        }
+        self.proc.stop_via(self.pid1, &CONTAINER_LADDER);
         // Closing the handle lets the namespace (and any mount left in it) go.
         self.mnt_ns = None;
     }
@@ -305,21 +219,12 @@ pub struct Pod {
 impl Pod {
     /// Creates the directories and the volumes' bind mounts.
     pub fn new() -> Pod {
-        let dir = tempfile::Builder::new()
-            .prefix("drainfs-pod-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        for d in ["data", "lower", "signal", "bucket", "run"] {
-            std::fs::create_dir(dir.path().join(d)).unwrap();
-        }
-        let data = BindMount::new(&dir.path().join("data"), true);
-        let lower = BindMount::new(&dir.path().join("lower"), false);
-        let signal = BindMount::new(&dir.path().join("signal"), false);
+        let dir = scratch_dir("/tmp", "drainfs-pod-");
+        let [data, lower, signal, _, _] =
+            make_dirs(dir.path(), ["data", "lower", "signal", "bucket", "run"]);
+        let data = BindMount::new(&data, true);
+        let lower = BindMount::new(&lower, false);
+        let signal = BindMount::new(&signal, false);
         Pod {
             data,
             lower,

@@ -14,8 +14,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::harness::{MountOpts, Mounted, is_mounted, wait_until};
-use crate::lowers::{Kind, Object, Server, child_pids, fstype_at, pid_alive};
+use crate::harness::{MountOpts, Mounted, make_dirs};
+use crate::lowers::{Kind, Object, Server};
+use crate::mounts::{fstype_at, is_mounted};
+use crate::process::{child_pids, cmdline, pid_alive, send};
+use crate::wait::{free_port, read_json, status_from, wait_for, wait_until};
 
 /// One test at a time in a test process that writes through a real lower: a fork+exec
 /// anywhere in the process (starting a server, `sha256sum`, `lowers.py objects`) gives the
@@ -36,6 +39,34 @@ pub struct StackOpts {
     pub args: Vec<String>,
     /// More FUSE client flags, before its positional arguments.
     pub client_flags: Vec<String>,
+}
+
+/// `drainfs run`'s arguments for a [`Stack`]: `opts.passthrough`, the exit and summary files,
+/// the admin server on `127.0.0.1:admin_port`, 30 s for the lower to be ready, then
+/// `opts.args`.
+fn drainfs_args(
+    opts: &StackOpts,
+    exit_file: &Path,
+    summary: &Path,
+    admin_port: u16,
+) -> Vec<String> {
+    let mut args: Vec<String> = opts
+        .passthrough
+        .clone()
+        .map(|p| vec!["--passthrough".to_string(), p])
+        .unwrap_or_default();
+    args.extend([
+        "--exit-file".into(),
+        exit_file.display().to_string(),
+        "--summary-file".into(),
+        summary.display().to_string(),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{admin_port}"),
+        "--lower-ready-timeout".into(),
+        "30s".into(),
+    ]);
+    args.extend(opts.args.iter().cloned());
+    args
 }
 
 /// A server, and `drainfs run` mounted over that server's FUSE client. Fields drop in order:
@@ -73,32 +104,11 @@ impl Stack {
             .prefix(&format!("drainfs-real-{}-", kind.name()))
             .tempdir_in("/tmp")
             .unwrap();
-        let lower = dir.path().join("lower");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&lower).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
+        let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
         let exit_file = dir.path().join("volumes").join("exit");
         let summary = dir.path().join("summary.json");
-        // A port that was free a moment ago.
-        let admin_port = std::net::TcpListener::bind(("127.0.0.1", 0))
-            .and_then(|l| l.local_addr())
-            .expect("an ephemeral port")
-            .port();
-        let mut args: Vec<String> = opts
-            .passthrough
-            .map(|p| vec!["--passthrough".to_string(), p])
-            .unwrap_or_default();
-        args.extend([
-            "--exit-file".into(),
-            exit_file.display().to_string(),
-            "--summary-file".into(),
-            summary.display().to_string(),
-            "--admin-addr".into(),
-            format!("127.0.0.1:{admin_port}"),
-            "--lower-ready-timeout".into(),
-            "30s".into(),
-        ]);
-        args.extend(opts.args);
+        let admin_port = free_port();
+        let args = drainfs_args(&opts, &exit_file, &summary, admin_port);
         let flags: Vec<&str> = opts.client_flags.iter().map(String::as_str).collect();
         let lower_cmd = server.mount_cmd_with(&lower, &flags);
         let client = lower_cmd[0].clone();
@@ -112,13 +122,12 @@ impl Stack {
                 no_wait: false,
             },
         );
-        let mut lower_pid = None;
-        wait_until(Duration::from_secs(5), || {
-            lower_pid = child_pids(m.proc.pid()).into_iter().find(|pid| {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                cmdline.split(|b| *b == 0).next() == Some(client.as_bytes())
-            });
-            lower_pid.is_some()
+        // The FUSE client is the child of drainfs running the client's program.
+        let drainfs = m.proc.pid();
+        let lower_pid = wait_for(Duration::from_secs(5), || {
+            child_pids(drainfs)
+                .into_iter()
+                .find(|pid| cmdline(*pid).first() == Some(&client))
         });
         let s = Stack {
             m,
@@ -150,29 +159,21 @@ impl Stack {
     /// drainfs's exit code (-1 for a signal), waiting up to `timeout` (panics after, with
     /// drainfs's stderr).
     pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.m.proc.stderr_text()
-            )
-        });
+        let st = self.m.proc.wait_exit(timeout, "drainfs");
         st.code().unwrap_or(-1)
     }
 
     /// The summary file (panics, with drainfs's stderr, if there is none).
     pub fn summary(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(&self.summary)
-            .unwrap_or_else(|e| panic!("no summary file ({e}):\n{}", self.m.proc.stderr_text()));
-        serde_json::from_str(&text).unwrap()
+        read_json(&self.summary)
+            .unwrap_or_else(|e| panic!("no summary file ({e}):\n{}", self.m.proc.stderr_text()))
     }
 
     /// drainfs's `/status` from its admin server, asked in this process (no fork, so no
     /// stray FLUSH of a file the test holds open: see [`serial`]); `None` while nothing
     /// answers there.
     pub fn status(&self) -> Option<serde_json::Value> {
-        let (code, body) =
-            crate::lowers::http_get(self.admin_port, "/status", Duration::from_secs(5)).ok()?;
-        (code == 200).then(|| serde_json::from_str(&body).ok())?
+        status_from(&format!("127.0.0.1:{}", self.admin_port))
     }
 
     /// After drainfs exited: nothing mounted, the client's process gone.
@@ -211,29 +212,25 @@ impl Stack {
     }
 }
 
+/// How a [`Stack`]'s drop stops drainfs: SIGTERM (drain), a second SIGTERM (finish now),
+/// then SIGKILL.
+const STACK_LADDER: [(Signal, Duration); 3] = [
+    (Signal::SIGTERM, Duration::from_secs(5)),
+    (Signal::SIGTERM, Duration::from_secs(5)),
+    (Signal::SIGKILL, Duration::from_secs(5)),
+];
+
 impl Drop for Stack {
     fn drop(&mut self) {
         // A test may have stopped the server: drainfs's drain would wait on it.
         if pid_alive(self.server.pid) {
             self.server.signal(Signal::SIGCONT);
         }
-        // drainfs first: SIGTERM (drain), a second SIGTERM (finish now), then SIGKILL. Then the
-        // client, in case drainfs could not stop it. Mounted's own drop detaches what is left
-        // mounted, and Server's stops the server.
-        let p = &mut self.m.proc;
-        if p.wait_timeout(Duration::ZERO).is_none() {
-            p.signal(Signal::SIGTERM);
-            if p.wait_timeout(Duration::from_secs(5)).is_none() {
-                p.signal(Signal::SIGTERM);
-                if p.wait_timeout(Duration::from_secs(5)).is_none() {
-                    p.signal(Signal::SIGKILL);
-                    let _ = p.wait_timeout(Duration::from_secs(5));
-                }
-            }
-        }
-        if self.lower_pid > 0 && pid_alive(self.lower_pid) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.lower_pid), Signal::SIGKILL);
+        // drainfs first, then the client, in case drainfs could not stop it. Mounted's own
+        // drop detaches what is left mounted, and Server's stops the server.
+        self.m.proc.stop(&STACK_LADDER);
+        if pid_alive(self.lower_pid) {
+            send(self.lower_pid, Signal::SIGKILL);
         }
     }
 }

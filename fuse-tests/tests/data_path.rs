@@ -9,7 +9,6 @@ mod common;
 
 use std::ffi::CString;
 use std::fs::{self, Permissions};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -17,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fuse_tests::bucket::read_events;
+use fuse_tests::fileops::SharedMap;
 use fuse_tests::harness::{BucketStack, is_mounted};
 
 both_modes!(
@@ -43,22 +43,11 @@ fn scratch(m: &Mounted) -> tempfile::TempDir {
 fn append_and_map(p: &Path, check: &Path) -> (u64, Vec<u8>) {
     fs::write(p, vec![b'x'; 4096]).unwrap();
     let f = open(p, libc::O_RDWR | libc::O_APPEND, 0).unwrap();
-    // SAFETY: a fresh shared mapping of 4096 bytes of an fd we own, written within bounds and
-    // unmapped before the fd is closed.
-    unsafe {
-        let m = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(m, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), m.cast::<u8>(), 5);
-        assert_eq!(libc::msync(m, 4096, libc::MS_SYNC), 0);
-        assert_eq!(libc::munmap(m, 4096), 0);
-    }
+    // Written, synced and unmapped before the fd is closed.
+    let mut map = SharedMap::new(&f, 4096, true);
+    map.write_at(0, b"HELLO");
+    map.msync();
+    map.unmap();
     close(f).unwrap();
     let data = fs::read(check).unwrap();
     (data.len() as u64, data[..5].to_vec())
@@ -262,34 +251,6 @@ fn readdirplus_reports_dot_dot_as_the_parent(mode: &str) {
     assert_eq!(dotdot, fs::metadata(m.path("fresh/p")).unwrap().ino());
 }
 
-trait StackExt {
-    fn touch_exit_file(&self);
-    fn summary(&self) -> serde_json::Value;
-    fn wait_exit(&mut self, timeout: Duration) -> i32;
-}
-
-impl StackExt for BucketStack {
-    fn touch_exit_file(&self) {
-        fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
-        fs::write(&self.exit_file, b"").unwrap();
-    }
-
-    fn summary(&self) -> serde_json::Value {
-        serde_json::from_str(&fs::read_to_string(&self.summary).expect("summary file written"))
-            .unwrap()
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.m.proc.stderr_text()
-            )
-        });
-        st.code().unwrap_or(-1)
-    }
-}
-
 /// Writes through a shared mapping after `close()`: the lower's upload happens when drainfs
 /// closes its lower fd at RELEASE, and here it fails. drainfs must count that as a failed
 /// flush: exit 75, the file named in the summary, the lower flush error counted.
@@ -303,21 +264,10 @@ fn a_release_time_lower_error_is_a_failed_flush(mode: &str) {
     );
     fs::write(s.bucket.join("relfail"), vec![b'o'; 4096]).unwrap();
     let f = open(&s.m.path("relfail"), libc::O_RDWR, 0).unwrap();
-    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        close(f).expect("close before any write: nothing to upload");
-        std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), p.cast::<u8>(), 5);
-        assert_eq!(libc::munmap(p, 4096), 0);
-    }
+    let mut map = SharedMap::new(&f, 4096, true);
+    close(f).expect("close before any write: nothing to upload");
+    map.write_at(0, b"HELLO");
+    map.unmap();
     let events = s.events.clone();
     assert!(
         eventually(Duration::from_secs(10), || read_events(&events)
@@ -511,27 +461,16 @@ fn write_through_a_mapping_after_close(
     released: Option<&dyn Fn() -> bool>,
 ) {
     let f = open(path, libc::O_RDWR, 0).unwrap();
-    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
+    let mut map = SharedMap::new(&f, 4096, true);
+    close(f).expect("close before any write: nothing to upload");
+    if let Some(released) = released {
+        assert!(
+            eventually(Duration::from_secs(10), released),
+            "drainfs never released the handle"
         );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        close(f).expect("close before any write: nothing to upload");
-        if let Some(released) = released {
-            assert!(
-                eventually(Duration::from_secs(10), released),
-                "drainfs never released the handle"
-            );
-        }
-        std::ptr::copy_nonoverlapping(tag.as_ptr(), p.cast::<u8>(), tag.len());
-        assert_eq!(libc::munmap(p, 4096), 0);
     }
+    map.write_at(0, tag);
+    map.unmap();
 }
 
 /// bucketfs under drainfs with `--passthrough mode` and a control socket, and a check that

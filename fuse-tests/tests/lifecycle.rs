@@ -4,69 +4,24 @@
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
 
 use common::{summary_cause, wait_phase};
-use fuse_tests::bucket::{BucketEvent, read_events};
+use fuse_tests::bucket::BucketEvent;
 use fuse_tests::harness::{
-    BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, over_bucketfs, wait_until,
+    BucketStack, MountOpts, Mounted, Proc, bin, is_mounted, make_dirs, over_bucketfs, wait_until,
 };
+use fuse_tests::mounts::Unmount;
 use nix::sys::signal::Signal;
 
 type Stack = BucketStack;
 
 fn stack(drainfs_args: &[&str], bucketfs_args: &[&str], wait: bool) -> Stack {
     over_bucketfs(drainfs_args, bucketfs_args, wait)
-}
-
-/// Test-side helpers on the stack.
-trait StackExt {
-    fn events(&self) -> Vec<BucketEvent>;
-    fn touch_exit_file(&self);
-    fn summary(&self) -> serde_json::Value;
-    fn wait_exit(&mut self, timeout: Duration) -> i32;
-    fn assert_nothing_mounted(&self);
-    fn lower_pid(&self) -> i32;
-}
-
-impl StackExt for Stack {
-    fn events(&self) -> Vec<BucketEvent> {
-        read_events(&self.events)
-    }
-
-    fn touch_exit_file(&self) {
-        std::fs::create_dir_all(self.exit_file.parent().unwrap()).unwrap();
-        std::fs::write(&self.exit_file, b"").unwrap();
-    }
-
-    fn summary(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(&self.summary).expect("summary file written"))
-            .unwrap()
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        let st = self.m.proc.wait_timeout(timeout).unwrap_or_else(|| {
-            panic!(
-                "drainfs did not exit within {timeout:?}:\n{}",
-                self.m.proc.stderr_text()
-            )
-        });
-        st.code().unwrap_or(-1)
-    }
-
-    fn assert_nothing_mounted(&self) {
-        assert!(!is_mounted(&self.m.mnt), "drainfs mount left behind");
-        assert!(!is_mounted(&self.m.lower), "lower mount left behind");
-    }
-
-    /// PID of the lower (drainfs's child).
-    fn lower_pid(&self) -> i32 {
-        self.m.proc.child_pid()
-    }
 }
 
 fn write_file(path: &Path, len: usize, seed: u8) -> Vec<u8> {
@@ -518,9 +473,7 @@ fn a_log_reader_going_away_does_not_take_the_mount_down() {
         .prefix("drainfs-life-")
         .tempdir_in("/tmp")
         .unwrap();
-    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     let mut child = Command::new(bin("drainfs"))
         .args(["run", "--lower"])
         .arg(&lower)
@@ -529,7 +482,7 @@ fn a_log_reader_going_away_does_not_take_the_mount_down() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let guard = scopeguard(&mnt);
+    let guard = Unmount(mnt.clone());
     assert!(wait_until(Duration::from_secs(10), || is_mounted(&mnt)));
     drop(child.stderr.take()); // the log reader goes away
     std::fs::write(mnt.join("f"), b"still served").unwrap();
@@ -543,17 +496,6 @@ fn a_log_reader_going_away_does_not_take_the_mount_down() {
     assert!(!is_mounted(&mnt));
     assert_eq!(std::fs::read(lower.join("f")).unwrap(), b"still served");
     drop(guard);
-}
-
-/// Detaches `path` on drop if something is still mounted there.
-fn scopeguard(path: &Path) -> impl Drop + use<> {
-    struct G(PathBuf);
-    impl Drop for G {
-        fn drop(&mut self) {
-            fuse_tests::harness::force_unmount(&self.0);
-        }
-    }
-    G(path.to_path_buf())
 }
 
 /// No thread of drainfs can take SIGTERM/SIGINT/SIGHUP/SIGCHLD (they are
@@ -975,10 +917,8 @@ fn a_fresh_dead_mount_is_repaired_by_the_next_run() {
         .prefix("drainfs-life-")
         .tempdir_in("/tmp")
         .unwrap();
-    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let guard = scopeguard(&mnt);
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
+    let guard = Unmount(mnt.clone());
     let ready = dir.path().join("ready");
     let start = || {
         let _ = std::fs::remove_file(&ready);

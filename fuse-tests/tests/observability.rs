@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{admin_base, free_addr, summary_cause};
-use fuse_tests::harness::{MountOpts, Mounted, bin, is_mounted, wait_until};
+use fuse_tests::harness::{MountOpts, Mounted, bin, is_mounted, make_dirs, wait_until};
 use nix::sys::signal::Signal;
 
 const LOWERS_PYTHON: &str = "/opt/drainfs-lowers/venv/bin/python";
@@ -53,12 +53,7 @@ fn start(delay: &str, extra: &[&str]) -> (Mounted, PathBuf, PathBuf) {
         .prefix("drainfs-obs-")
         .tempdir_in("/tmp")
         .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    for d in [&lower, &mnt, &bucket] {
-        std::fs::create_dir(d).unwrap();
-    }
+    let [lower, mnt, bucket] = make_dirs(dir.path(), ["lower", "mnt", "bucket"]);
     let sock = dir.path().join("ctl.sock");
     let ready = dir.path().join("ready");
     let mut args: Vec<String> = Vec::new();
@@ -494,13 +489,8 @@ fn admin_address_in_use_fails_before_anything_starts() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let (lower, mnt, marker) = (
-        dir.path().join("lower"),
-        dir.path().join("mnt"),
-        dir.path().join("lower-started"),
-    );
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
+    let marker = dir.path().join("lower-started");
     let out = std::process::Command::new(fuse_tests::harness::bin("drainfs"))
         .args(["run", "--lower"])
         .arg(&lower)
@@ -525,9 +515,7 @@ fn admin_address_in_use_fails_before_anything_starts() {
 #[test]
 fn outputs_and_watched_pid_are_checked_at_start() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let (lower, mnt) = (dir.path().join("lower"), dir.path().join("mnt"));
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     let missing = dir.path().join("no-such-dir").join("summary.json");
     let missing_sock = dir.path().join("no-such-dir").join("control.sock");
     let cases: [&[&str]; 3] = [

@@ -9,10 +9,10 @@
 mod common;
 
 use std::fs::{self, File, OpenOptions, Permissions};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 
 use common::*;
+use fuse_tests::fileops::SharedMap;
 
 both_modes!(
     data_path_matches_the_mode,
@@ -184,32 +184,20 @@ fn mmap_write_then_read_is_coherent(mode: &str) {
         .unwrap();
     f.set_len(LEN as u64).unwrap();
     let data = pattern(21, LEN);
-    // SAFETY: a fresh shared mapping of LEN bytes of an fd we own, unmapped below before the
-    // fd is closed; only accessed within its bounds.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), LEN);
-        assert_eq!(libc::msync(p, LEN, libc::MS_SYNC), 0);
-        // After msync the lower has it.
-        assert_eq!(
-            checksum(&fs::read(m.lower_path("mapped")).unwrap()),
-            checksum(&data),
-            "lower after msync"
-        );
-        // A write(2) is seen by the live mapping.
-        f.write_all_at(b"written by write(2)", 8192).unwrap();
-        let seen = std::slice::from_raw_parts(p.cast::<u8>().add(8192), 19);
-        assert_eq!(seen, b"written by write(2)");
-        assert_eq!(libc::munmap(p, LEN), 0);
-    }
+    // Unmapped below before the fd is closed.
+    let mut map = SharedMap::new(&f, LEN, true);
+    map.write_at(0, &data);
+    map.msync();
+    // After msync the lower has it.
+    assert_eq!(
+        checksum(&fs::read(m.lower_path("mapped")).unwrap()),
+        checksum(&data),
+        "lower after msync"
+    );
+    // A write(2) is seen by the live mapping.
+    f.write_all_at(b"written by write(2)", 8192).unwrap();
+    assert_eq!(&map.bytes()[8192..8192 + 19], b"written by write(2)");
+    map.unmap();
     let mut want = data.clone();
     want[8192..8192 + 19].copy_from_slice(b"written by write(2)");
     // read(2) through a new fd sees the mapping's writes.
@@ -223,21 +211,9 @@ fn mmap_write_then_read_is_coherent(mode: &str) {
     );
     // A read-only mapping of another open sees the same bytes.
     let r = File::open(m.path("mapped")).unwrap();
-    // SAFETY: read-only shared mapping within bounds, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            r.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        let s = std::slice::from_raw_parts(p.cast::<u8>(), LEN);
-        assert_eq!(checksum(s), checksum(&want));
-        assert_eq!(libc::munmap(p, LEN), 0);
-    }
+    let map = SharedMap::new(&r, LEN, false);
+    assert_eq!(checksum(map.bytes()), checksum(&want));
+    map.unmap();
     close(f).unwrap();
 }
 

@@ -26,9 +26,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{close, open, pattern};
-use fuse_tests::harness::wait_until;
+use fuse_tests::fileops::SharedMap;
+use fuse_tests::harness::{MountOpts, Mounted, is_mounted, make_dirs, wait_until};
 use fuse_tests::lowers::{Kind, Object, Server, lowers_py, object_of, require_installed};
+use fuse_tests::process::{cmdline, kill_leftovers, pid_alive};
 use fuse_tests::stack::{Stack, StackOpts, in_close, serial, write_file};
+use fuse_tests::wait::summary_at;
 use nix::sys::signal::Signal;
 
 const MIB: usize = 1 << 20;
@@ -406,32 +409,12 @@ fn mmap_writes_then_close() {
         )
         .unwrap();
         f.set_len(len as u64).unwrap();
-        // SAFETY: a fresh shared mapping of `len` bytes of our own file, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: the mapping is `len` bytes long and writable.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), len) };
+        let mut map = SharedMap::new(&f, len, true);
+        map.write_at(0, data);
         if msync {
-            // SAFETY: the mapping made above.
-            let r = unsafe { libc::msync(p, len, libc::MS_SYNC) };
-            assert_eq!(r, 0, "msync: {}", std::io::Error::last_os_error());
+            map.msync();
         }
-        // SAFETY: the mapping made above, not used after.
-        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+        map.unmap();
         close(f).unwrap_or_else(|e| panic!("close of {name}: {e}"));
     }
     s.trigger_exit_file();
@@ -445,28 +428,11 @@ fn write_mapped_after_close(path: &std::path::Path, data: &[u8]) {
     let len = data.len();
     let f = open(path, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o644).unwrap();
     f.set_len(len as u64).unwrap();
-    // SAFETY: a fresh shared mapping of `len` bytes of our own file, unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(
-        p,
-        libc::MAP_FAILED,
-        "mmap: {}",
-        std::io::Error::last_os_error()
-    );
+    let mut map = SharedMap::new(&f, len, true);
     close(f).expect("close before the mapped writes");
-    // SAFETY: the mapping is `len` bytes long and writable; it outlives the fd.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), len) };
-    // SAFETY: the mapping made above, not used after.
-    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    // The mapping outlives the fd.
+    map.write_at(0, data);
+    map.unmap();
 }
 
 /// gcsfuse alone, for comparison with [`mmap_writes_after_close_reach_the_bucket`]: writes
@@ -979,21 +945,18 @@ fn gcsfuse_without_foreground_is_a_dead_lower() {
         .prefix("drainfs-real-gcsfuse-")
         .tempdir_in("/tmp")
         .unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     let summary = dir.path().join("summary.json");
     let lower_cmd: Vec<String> = server
         .mount_cmd(&lower)
         .into_iter()
         .filter(|a| a != "--foreground")
         .collect();
-    let mut m = fuse_tests::harness::Mounted::start_in(
+    let mut m = Mounted::start_in(
         dir,
         lower.clone(),
         mnt.clone(),
-        fuse_tests::harness::MountOpts {
+        MountOpts {
             args: vec![
                 "--summary-file".into(),
                 summary.display().to_string(),
@@ -1004,20 +967,14 @@ fn gcsfuse_without_foreground_is_a_dead_lower() {
             no_wait: true,
         },
     );
-    let st = m
-        .proc
-        .wait_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("drainfs did not exit:\n{}", m.proc.stderr_text()));
+    let st = m.proc.wait_exit(Duration::from_secs(60), "drainfs");
     assert_eq!(st.code(), Some(69), "{}", m.proc.stderr_text());
-    let sum: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).unwrap();
+    let sum = summary_at(&summary);
     eprintln!("without --foreground: {sum}");
     assert_eq!(sum["outcome"], "lower_failed", "{sum}");
     assert!(
-        wait_until(
-            Duration::from_secs(10),
-            || !fuse_tests::harness::is_mounted(&lower) && !fuse_tests::harness::is_mounted(&mnt)
-        ),
+        wait_until(Duration::from_secs(10), || !is_mounted(&lower)
+            && !is_mounted(&mnt)),
         "a mount was left behind"
     );
     // The daemon (not drainfs's child) ends by itself once its mount is gone; if not, it is
@@ -1029,19 +986,13 @@ fn gcsfuse_without_foreground_is_a_dead_lower() {
             .flatten()
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                    .unwrap_or(false)
-            })
-            .filter(|pid| fuse_tests::lowers::pid_alive(*pid))
+            .filter(|pid| cmdline(*pid).iter().any(|a| a.contains(&needle)))
+            .filter(|pid| pid_alive(*pid))
             .collect()
     };
     let gone = wait_until(Duration::from_secs(10), || daemons().is_empty());
     let left = daemons();
-    for pid in &left {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGKILL);
-    }
+    kill_leftovers(&left);
     assert!(gone, "gcsfuse's daemon outlived its mount: {left:?}");
 }
 

@@ -29,6 +29,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{close, open, pattern};
+use fuse_tests::fileops::SharedMap;
 use fuse_tests::harness::wait_until;
 use fuse_tests::lowers::{Kind, Object, Server, object_of, objects_of_tree, require_installed};
 use fuse_tests::stack::{Stack, StackOpts, in_close, serial, write_file};
@@ -420,27 +421,16 @@ fn gcsfuse_a_mapping_written_after_close_reaches_the_bucket() {
     let plain_gen = generation(&s.server, "plain.bin");
     write_file(&s.m.path("mapped.bin"), &[b'o'; 4096]).unwrap();
     let f = open(&s.m.path("mapped.bin"), libc::O_RDWR, 0).unwrap();
-    // SAFETY: a fresh shared mapping of 4096 bytes, written within bounds, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        close(f).expect("close before any write");
-        // drainfs has handled the RELEASE before the mapping is written.
-        assert!(
-            wait_until(Duration::from_secs(10), || common::status(&sock)
-                .is_some_and(|v| v["outstanding"]["open_write"] == 0)),
-            "drainfs never released the handle"
-        );
-        std::ptr::copy_nonoverlapping(b"AFTER".as_ptr(), p.cast::<u8>(), 5);
-        assert_eq!(libc::munmap(p, 4096), 0);
-    }
+    let mut map = SharedMap::new(&f, 4096, true);
+    close(f).expect("close before any write");
+    // drainfs has handled the RELEASE before the mapping is written.
+    assert!(
+        wait_until(Duration::from_secs(10), || common::status(&sock)
+            .is_some_and(|v| v["outstanding"]["open_write"] == 0)),
+        "drainfs never released the handle"
+    );
+    map.write_at(0, b"AFTER");
+    map.unmap();
     s.trigger_exit_file();
     let code = s.wait_exit(Duration::from_secs(60));
     assert_eq!(code, 0, "{}", s.m.proc.stderr_text());

@@ -16,8 +16,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fuse_tests::bucket::{read_events, wait_for_event};
-use fuse_tests::fileops::{close, errno_name, names, pattern, show, write_file};
+use fuse_tests::fileops::{SharedMap, close, errno_name, names, pattern, show, write_file};
 use fuse_tests::harness::{is_mounted, wait_until};
+use fuse_tests::mounts::Fusectl;
 use fuse_tests::relay::{Daemon, Sidecar, Via, find_key, pid_exists, proc_status_field};
 
 /// The relay with no extra options.
@@ -222,7 +223,7 @@ fn baseline_direct_bucketfs_serves_and_is_sigkilled_after_5s() {
     // gcsfuse (and bucketfs) on a /dev/fd/N mount ignore SIGTERM: the sidecar kills them 5 s later.
     assert!(e.sigkill_sent, "{e}");
     assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
-    let ms = e.ms_after_sigterm.unwrap();
+    let ms = e.ms_after_stop.unwrap();
     assert!((4900..7000).contains(&ms), "{e}");
     s.assert_nothing_left();
 }
@@ -460,7 +461,7 @@ fn idle_stop_is_fast_and_clean() {
     assert!(!e.sigkill_sent, "{e}");
     // Target: under 20 ms from SIGTERM to daemon exit; the bound here leaves room for a loaded
     // test machine.
-    assert!(e.ms_after_sigterm.unwrap() < 500, "{e}");
+    assert!(e.ms_after_stop.unwrap() < 500, "{e}");
     assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
     assert_eq!(fs::read(s.store.join("done.txt")).unwrap(), b"done");
     s.assert_nothing_left();
@@ -509,7 +510,7 @@ fn drain_waits_for_a_slow_flush() {
     assert!(!s.store.join("new.txt").exists());
     assert!(!e.sigkill_sent, "{e}");
     assert_eq!(e.code, Some(0), "{e}");
-    assert!(e.ms_after_sigterm.unwrap() < 5000, "{e}");
+    assert!(e.ms_after_stop.unwrap() < 5000, "{e}");
     assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
     s.assert_nothing_left();
 }
@@ -523,7 +524,7 @@ fn overlay_stop_is_fast_and_keeps_data() {
     let e = s.stop(Duration::from_secs(15));
     eprintln!("overlay stop: {e}");
     assert!(!e.sigkill_sent, "{e}");
-    assert!(e.ms_after_sigterm.unwrap() < 500, "{e}");
+    assert!(e.ms_after_stop.unwrap() < 500, "{e}");
     // libfuse reads the relay's end-of-stream as a "short read on fuse device" (EIO) and exits
     // 1 (lib/fuse_lowlevel.c); the default --eof-exit-codes 0,1 counts that as a clean stop.
     assert_eq!(e.code, Some(0), "{e}");
@@ -627,7 +628,7 @@ fn assert_stops_by_itself(s: &mut Sidecar) {
     let e = s.wait(Duration::from_secs(5));
     eprintln!("after the kernel side went away: {e}");
     assert_eq!(
-        e.ms_after_sigterm, None,
+        e.ms_after_stop, None,
         "the sidecar did not stop by itself: {e}"
     );
     assert_eq!(e.code, Some(0), "{e}");
@@ -649,55 +650,12 @@ fn lazy_unmount_stops_the_daemon_cleanly() {
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
 }
 
-/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
-/// lives when it was not mounted already.
-struct Fusectl {
-    /// Whether this guard mounted it (and so unmounts it).
-    mounted_here: bool,
-}
-
-/// Where the fuse control filesystem lives.
-const FUSECTL: &str = "/sys/fs/fuse/connections";
-
-impl Fusectl {
-    fn ensure() -> Fusectl {
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
-            return Fusectl {
-                mounted_here: false,
-            };
-        }
-        nix::mount::mount(
-            Some("fusectl"),
-            FUSECTL,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
-        Fusectl { mounted_here: true }
-    }
-}
-
-impl Drop for Fusectl {
-    fn drop(&mut self) {
-        if self.mounted_here {
-            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
 #[test]
 fn connection_abort_stops_the_daemon_cleanly() {
     let _fusectl = Fusectl::ensure();
     let mut s = Sidecar::start(Daemon::Bucketfs(Vec::new()), relay());
     write_file(&s.path("kept.txt"), b"kept").unwrap();
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    let abort = format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    );
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     assert_stops_by_itself(&mut s);
     assert!(!is_mounted(&s.mnt));
     assert_eq!(fs::read(s.store.join("kept.txt")).unwrap(), b"kept");
@@ -734,14 +692,9 @@ fn connection_abort_with_a_writer_is_incomplete_and_names_the_file() {
     fs::create_dir(s.path("d")).unwrap();
     let mut f = fs::File::create(s.path("d/held")).unwrap();
     f.write_all(&[5u8; 100_000]).unwrap();
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    let abort = format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    );
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     let e = s.wait(Duration::from_secs(5));
-    assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
+    assert_eq!(e.ms_after_stop, None, "did not stop by itself: {e}");
     assert_eq!(e.code, Some(75), "{e}");
     let summary = read_summary(&s);
     assert_eq!(
@@ -773,59 +726,6 @@ fn a_daemon_that_refuses_init_is_a_failed_start() {
 // ------------------------------------------------------------------------------------------
 // Issue 17: relay edges (notifications, page-cache changes, a slow daemon, no-open daemons,
 // a WRITE after the last FLUSH).
-
-/// A `MAP_SHARED` read-write mapping of the first `len` bytes of `f`, unmapped on drop.
-struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(f: &File, len: usize) -> Mapping {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a fresh shared mapping of an open file; nothing else aliases it in this
-        // process, and it is unmapped only by drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            ptr,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            io::Error::last_os_error()
-        );
-        Mapping { ptr, len }
-    }
-
-    /// Fills the mapping with `byte` (dirtying its pages; no WRITE is sent yet).
-    fn fill(&self, byte: u8) {
-        // SAFETY: the mapping is `len` bytes long, readable and writable.
-        unsafe { std::ptr::write_bytes(self.ptr.cast::<u8>(), byte, self.len) };
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped, once.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
-/// The connection's abort file in fusectl.
-fn abort_file(s: &Sidecar) -> String {
-    let dev = fs::metadata(&s.mnt).unwrap().dev();
-    format!(
-        "/sys/fs/fuse/connections/{}/abort",
-        nix::sys::stat::minor(dev)
-    )
-}
 
 /// Issue 17.1: the daemon sends NOTIFY_INVAL_INODE while the READ of that inode is in flight
 /// (the kernel holds the notification until the READ's folio is unlocked) and
@@ -899,12 +799,11 @@ fn connection_abort_with_changes_only_in_the_page_cache_is_incomplete() {
         .write(true)
         .open(s.path("m/mapped"))
         .unwrap();
-    let map = Mapping::new(&f, 8192);
+    let mut map = SharedMap::new(&f, 8192, true);
     map.fill(b'b');
-    let abort = abort_file(&s);
-    fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    Fusectl::abort(&s.mnt);
     let e = s.wait(Duration::from_secs(10));
-    assert_eq!(e.ms_after_sigterm, None, "did not stop by itself: {e}");
+    assert_eq!(e.ms_after_stop, None, "did not stop by itself: {e}");
     // The bucket really kept the old object: the change was lost.
     assert!(fs::read(s.store.join("m/mapped")).unwrap() == vec![b'a'; 8192]);
     assert_eq!(e.code, Some(75), "{e}");
@@ -1031,7 +930,7 @@ fn a_write_after_the_last_flush_is_synced_before_its_release() {
         .open(s.path("late.bin"))
         .unwrap();
     f.set_len(8192).unwrap();
-    let map = Mapping::new(&f, 8192);
+    let mut map = SharedMap::new(&f, 8192, true);
     map.fill(b'a');
     (&f).write_all(&[b'a'; 8192]).unwrap();
     close(f).unwrap();
@@ -1072,7 +971,7 @@ fn gcsfuse_uploads_a_write_after_the_last_flush_through_the_relay() {
         .open(s.path("late.bin"))
         .unwrap();
     (&f).write_all(&[b'a'; 8192]).unwrap();
-    let map = Mapping::new(&f, 8192);
+    let mut map = SharedMap::new(&f, 8192, true);
     close(f).unwrap();
     assert_eq!(
         server.objects().get("late.bin"),

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use fuse_tests::harness::{Proc, bin, force_unmount, is_mounted, wait_until};
+use fuse_tests::harness::{Proc, bin, force_unmount, is_mounted, make_dirs, wait_until};
+use fuse_tests::mounts::Unmount;
 use nix::sys::signal::Signal;
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -88,10 +89,7 @@ fn start_with(
     setup: impl FnOnce(&mut Command),
 ) -> RelayMount {
     let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::create_dir(&bucket).unwrap();
+    let [mnt, bucket] = make_dirs(dir.path(), ["mnt", "bucket"]);
     let fuse = mount_fd(&mnt);
     let n = fuse.as_raw_fd();
     let mut cmd = Command::new(bin("drainfs"));
@@ -364,12 +362,9 @@ fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
 #[test]
 fn run_relay_mounts_relays_and_stops_on_an_exit_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    let bucket = dir.path().join("bucket");
+    let [mnt, bucket] = make_dirs(dir.path(), ["mnt", "bucket"]);
     let exit_file = dir.path().join("exit");
     let ready = dir.path().join("ready");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::create_dir(&bucket).unwrap();
     let mut cmd = Command::new(bin("drainfs"));
     cmd.args(["run", "--relay", "--socket-buffer", "212992"])
         .arg("--mountpoint")
@@ -554,12 +549,6 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
     std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
     let fuse = mount_fd(&mnt);
     let n = fuse.as_raw_fd();
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            fuse_tests::harness::force_unmount(&self.0);
-        }
-    }
     let _guard = Unmount(mnt.clone());
     let child = Command::new(&gcsfuse)
         .env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
@@ -746,12 +735,6 @@ fn a_daemon_that_exits_at_start_is_never_a_clean_stop() {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         let fuse = mount_fd(&mnt);
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                force_unmount(&self.0);
-            }
-        }
         let _guard = Unmount(mnt.clone());
         let mut cmd = Command::new(bin("drainfs"));
         cmd.args(["relay", "--socket-buffer", "212992", "--"])

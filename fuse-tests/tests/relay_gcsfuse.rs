@@ -27,7 +27,9 @@ use fuse_tests::csi::{CsiSidecar, Gcsfuse, Stop};
 use fuse_tests::fileops::{close, names, pattern, show, write_file};
 use fuse_tests::harness::wait_until;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
+use fuse_tests::mounts::Fusectl;
 use fuse_tests::relay::{Daemon, Sidecar, Via, pid_exists, proc_status_field};
+use fuse_tests::wait::{summary_at, summary_names};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -187,12 +189,6 @@ impl Drop for Holder {
     }
 }
 
-/// The drainfs summary in `path`.
-fn summary_at(path: &Path) -> serde_json::Value {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
 /// Asserts the invariant: each `(key, object)` whose close returned 0 is in the bucket,
 /// complete.
 fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {
@@ -324,7 +320,7 @@ fn gcsfuse_ignores_sigterm_on_dev_fd_and_its_watchdog_exits_0_after_30s() {
     let took = t0.elapsed();
     eprintln!("gcsfuse exited {took:?} after the first SIGTERM: {e}");
     assert_eq!(e.code, Some(0), "{e}");
-    assert_eq!(e.ms_after_sigterm, None, "{e}");
+    assert_eq!(e.ms_after_stop, None, "{e}");
     assert!(
         (Duration::from_secs(29)..Duration::from_secs(45)).contains(&took),
         "{took:?}"
@@ -348,10 +344,7 @@ fn gcsfuse_exits_0_at_end_of_stream() {
     let e = s.wait(Duration::from_secs(15));
     eprintln!("after umount: {e}");
     assert_eq!(e.code, Some(0), "{e}");
-    assert_eq!(
-        e.ms_after_sigterm, None,
-        "gcsfuse did not stop by itself: {e}"
-    );
+    assert_eq!(e.ms_after_stop, None, "gcsfuse did not stop by itself: {e}");
     assert_in_bucket(&server, &[("a.bin", &object_of(&data))]);
     s.assert_nothing_left();
 }
@@ -456,7 +449,7 @@ fn relay_stop_ends_gcsfuse_by_end_of_stream_with_exit_0() {
     eprintln!("relay stop: {e}");
     assert_eq!(e.code, Some(0), "{e}");
     assert!(!e.sigkill_sent, "{e}");
-    assert!(e.ms_after_sigterm.unwrap() < 3000, "{e}");
+    assert!(e.ms_after_stop.unwrap() < 3000, "{e}");
     let summary = summary_at(&s.summary);
     assert_eq!(summary["exit_code"], 0, "{summary:#}");
     assert_eq!(summary["lower_exit"], "exit 0", "{summary:#}");
@@ -556,11 +549,7 @@ fn relay_deadline_with_the_server_stopped_is_75_and_names_the_file() {
     );
     let summary = summary_at(&s.summary);
     assert_eq!(summary["exit_code"], 75, "{summary:#}");
-    let named = |k: &str| {
-        summary[k]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|p| p == "stuck.bin"))
-    };
+    let named = |k: &str| summary_names(&summary, k, "stuck.bin");
     assert!(
         named("open_paths") || named("failed_flushes"),
         "the summary does not name stuck.bin: {summary:#}"
@@ -815,11 +804,7 @@ fn sidecar_mounter_relay_deadline_with_the_server_stopped() {
     assert!(matches!(closed, Some(Err(_))), "close: {closed:?}");
     let summary = summary_at(&s.summary);
     assert_eq!(summary["exit_code"], 75, "{summary:#}");
-    let named = |k: &str| {
-        summary[k]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|p| p == "stuck.bin"))
-    };
+    let named = |k: &str| summary_names(&summary, k, "stuck.bin");
     assert!(
         named("open_paths") || named("failed_flushes"),
         "the summary does not name stuck.bin: {summary:#}"
@@ -854,49 +839,6 @@ fn sidecar_mounter_parity_stock_vs_relay() {
     assert_eq!(stock.len(), relayed.len());
     assert_eq!(stock_bucket, relayed_bucket, "the buckets differ");
     assert_eq!(e.code, Some(0), "relay: {e}");
-}
-
-/// The fuse control filesystem at `/sys/fs/fuse/connections`, mounted for as long as this
-/// lives when it was not mounted already.
-struct Fusectl {
-    mounted_here: bool,
-}
-
-const FUSECTL: &str = "/sys/fs/fuse/connections";
-
-impl Fusectl {
-    fn ensure() -> Fusectl {
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
-            return Fusectl {
-                mounted_here: false,
-            };
-        }
-        nix::mount::mount(
-            Some("fusectl"),
-            FUSECTL,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
-        Fusectl { mounted_here: true }
-    }
-
-    /// Aborts the FUSE connection of the mount at `mnt`.
-    fn abort(mnt: &Path) {
-        let dev = fs::metadata(mnt).unwrap().dev();
-        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
-        fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
-    }
-}
-
-impl Drop for Fusectl {
-    fn drop(&mut self) {
-        if self.mounted_here {
-            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
 }
 
 /// With gcsfuse's streaming writes a successful fsync does not put the object in the bucket

@@ -16,7 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fuse_tests::harness::{MountOpts, Mounted, Proc, bin, force_unmount, wait_until};
+use fuse_tests::harness::{
+    MountOpts, Mounted, Proc, bin, force_unmount, make_dirs, scratch_dir, wait_until,
+};
+use fuse_tests::process::child_pids;
+use fuse_tests::wait::summary_at;
+use nix::sys::signal::Signal;
 
 /// How often the racy scenarios are repeated.
 const RUNS: usize = 30;
@@ -26,21 +31,13 @@ const NOBODY: u32 = 65534;
 
 /// A world-traversable scratch directory with `lower/` and `mnt/`.
 fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-supervision-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
+    let dir = scratch_dir("/tmp", "drainfs-supervision-");
+    let [lower, mnt] = make_dirs(dir.path(), ["lower", "mnt"]);
     (dir, lower, mnt)
 }
 
 fn summary(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("summary file written"))
-        .expect("summary is JSON")
+    summary_at(path)
 }
 
 #[test]
@@ -159,9 +156,7 @@ fn non_root_drainfs_mounts_every_time() {
         // every process in there, and the mount namespace (and any mount in it) goes with
         // them.
         let mut p = Proc::spawn(cmd);
-        let served = wait_until(Duration::from_secs(20), || {
-            ready.exists() || p.child.try_wait().ok().flatten().is_some()
-        });
+        let served = p.wait_while_running(Duration::from_secs(20), || ready.exists());
         assert!(
             served && ready.exists(),
             "run {run}: a non-root drainfs did not become ready:\n{}",
@@ -245,9 +240,9 @@ impl Pid1 {
 
     fn wait_ready(&mut self) {
         let ready = self.dir.path().join("ready");
-        let ok = wait_until(Duration::from_secs(30), || {
-            ready.exists() || self.proc.child.try_wait().ok().flatten().is_some()
-        });
+        let ok = self
+            .proc
+            .wait_while_running(Duration::from_secs(30), || ready.exists());
         assert!(
             ok && ready.exists(),
             "drainfs (PID 1) did not become ready:\n{}",
@@ -256,10 +251,7 @@ impl Pid1 {
     }
 
     fn wait_exit(&mut self) -> i32 {
-        let st = self
-            .proc
-            .wait_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|| panic!("drainfs did not exit:\n{}", self.proc.stderr_text()));
+        let st = self.proc.wait_exit(Duration::from_secs(30), "drainfs");
         st.code().unwrap_or(-1)
     }
 
@@ -270,10 +262,8 @@ impl Pid1 {
 
 impl Drop for Pid1 {
     fn drop(&mut self) {
-        if self.proc.child.try_wait().ok().flatten().is_none() {
-            let _ = self.proc.child.kill();
-            let _ = self.proc.wait_timeout(Duration::from_secs(10));
-        }
+        self.proc
+            .stop(&[(Signal::SIGKILL, Duration::from_secs(10))]);
         force_unmount(&self.mnt);
         force_unmount(&self.lower);
     }
@@ -282,26 +272,16 @@ impl Drop for Pid1 {
 /// `(pid, comm, state)` of every child of `pid`.
 fn children(pid: i32) -> Vec<(i32, String, char)> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for c in list
-            .split_whitespace()
-            .filter_map(|c| c.parse::<i32>().ok())
-        {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) else {
-                continue;
-            };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                continue;
-            };
-            let comm = stat[open + 1..close].to_string();
-            let state = stat[close + 1..].trim_start().chars().next().unwrap_or('?');
-            out.push((c, comm, state));
-        }
+    for c in child_pids(pid) {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let state = stat[close + 1..].trim_start().chars().next().unwrap_or('?');
+        out.push((c, comm, state));
     }
     out
 }

@@ -56,27 +56,15 @@ pub fn mount(mode: &str, extra: &[&str]) -> Mounted {
 /// create many inodes, where the lower's own metadata cost (ext4 on a virtual disk: ~0.7 ms
 /// per create) would dominate.
 pub fn mount_on_tmpfs(mode: &str, extra: &[&str]) -> Mounted {
-    use std::os::unix::fs::PermissionsExt;
     let base = if Path::new("/dev/shm").is_dir() {
         "/dev/shm"
     } else {
         "/tmp"
     };
-    let dir = tempfile::Builder::new()
-        .prefix("drainfs-test-")
-        .tempdir_in(base)
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let lower = dir.path().join("lower");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&lower).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
     let mut args = vec!["--passthrough".to_string(), mode.to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
-    Mounted::start_in(
-        dir,
-        lower,
-        mnt,
+    Mounted::start_under(
+        base,
         MountOpts {
             args,
             ..Default::default()
@@ -670,8 +658,6 @@ pub fn wait_phase(sock: &Path, phase: &str, timeout: Duration) -> bool {
 
 /// The `cause` of a summary file (`sigterm`, `exit_file`, `watched_pid_exited`...).
 pub fn summary_cause(summary: &Path) -> String {
-    let text = std::fs::read_to_string(summary)
-        .unwrap_or_else(|e| panic!("summary file {}: {e}", summary.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = fuse_tests::wait::summary_at(summary);
     v["cause"]["cause"].as_str().unwrap_or_default().to_string()
 }

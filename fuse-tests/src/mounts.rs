@@ -1,0 +1,215 @@
+//! Mount checks for the mount tests: the mount table (proc(5) mountinfo) of any mount
+//! namespace, whether and what is mounted at a path, which mount ID sits on top, and the
+//! cleanup that detaches what a test left mounted: by path ([`force_unmount`], the
+//! [`Unmount`] guard) or down to a known mount ID ([`detach_down_to`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// One line of a mountinfo table (proc(5)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mnt {
+    /// Mount ID.
+    pub id: u64,
+    /// Parent mount ID.
+    pub parent: u64,
+    /// Mount point (octal escapes left as they are; test paths have none).
+    pub mount_point: PathBuf,
+    /// Optional fields (`shared:N`, `master:N`...), space-separated.
+    pub propagation: String,
+    /// File system type (`fuse` for a FUSE file system mounted directly by root, which has no
+    /// subtype then; `fuse.<subtype>` through fusermount3).
+    pub fstype: String,
+    /// Mount source (a FUSE file system's fsname: `drainfs`, `bucketfs:<bucket>`).
+    pub source: String,
+}
+
+impl Mnt {
+    /// Whether it is a FUSE mount.
+    pub fn is_fuse(&self) -> bool {
+        self.fstype == "fuse" || self.fstype.starts_with("fuse.") || self.fstype == "fuseblk"
+    }
+}
+
+/// Parses mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<Mnt> {
+    text.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            Some(Mnt {
+                id: f.first()?.parse().ok()?,
+                parent: f.get(1)?.parse().ok()?,
+                mount_point: PathBuf::from(*f.get(4)?),
+                propagation: f.get(6..).map(|o| o.join(" ")).unwrap_or_default(),
+                fstype: right.split(' ').next()?.to_string(),
+                source: right.split(' ').nth(1)?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The mount table of the mount namespace `pid` is in (`self` for the test's own).
+pub fn mountinfo_of(pid: &str) -> Vec<Mnt> {
+    parse_mountinfo(&std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default())
+}
+
+/// The mounts at `path`, bottom first (in table order).
+pub fn mounts_at(table: &[Mnt], path: &Path) -> Vec<Mnt> {
+    table
+        .iter()
+        .filter(|m| m.mount_point == path)
+        .cloned()
+        .collect()
+}
+
+/// The topmost mount at `path`: the one no other mount at `path` is stacked on.
+pub fn top_at(table: &[Mnt], path: &Path) -> Option<Mnt> {
+    let here = mounts_at(table, path);
+    here.iter()
+        .rev()
+        .find(|m| !here.iter().any(|o| o.parent == m.id))
+        .cloned()
+}
+
+/// The mount ID on top at `path` in the test's own mount namespace, if anything is mounted
+/// there.
+pub fn mount_id_at(path: &Path) -> Option<u64> {
+    top_at(&mountinfo_of("self"), path).map(|m| m.id)
+}
+
+/// Whether `path` (absolute) is a mount point right now.
+pub fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let p = path.to_string_lossy().replace(' ', "\\040");
+    text.lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+/// The file system type mounted at `path` (the top of the stack), if any.
+pub fn fstype_at(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let p = path.to_string_lossy().replace(' ', "\\040");
+    // The last matching line is the top of the stack.
+    text.lines().rev().find_map(|l| {
+        if l.split(' ').nth(4) != Some(p.as_str()) {
+            return None;
+        }
+        let (_, after) = l.split_once(" - ")?;
+        after.split(' ').next().map(str::to_string)
+    })
+}
+
+/// `fusermount3 -u -z -q path`: the lazy unmount of a FUSE mount (errors ignored).
+fn fusermount_lazy(path: &Path) {
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z", "-q"])
+        .arg(path)
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// `umount -l path` (errors ignored).
+fn umount_lazy(path: &Path) {
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(path)
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Detaches anything still mounted at `path`, lazily (`fusermount3 -u -z`, then `umount -l`),
+/// up to 8 tries: the mount leaves the tree even when its FUSE daemon is wedged (the
+/// connection itself is not aborted; [`Fusectl::abort`] does that).
+pub fn force_unmount(path: &Path) {
+    for _ in 0..8 {
+        if !is_mounted(path) {
+            return;
+        }
+        fusermount_lazy(path);
+        if is_mounted(path) {
+            umount_lazy(path);
+        }
+    }
+}
+
+/// Detaches, top first, every mount stacked at `path` on the node (the test's namespace) down
+/// to and including the mount `id` (a volume's bind mount); mounts below `id` stay.
+pub fn detach_down_to(path: &Path, id: u64) {
+    for _ in 0..16 {
+        let Some(top) = top_at(&mountinfo_of("self"), path) else {
+            return;
+        };
+        if top.is_fuse() {
+            fusermount_lazy(path);
+        }
+        if top_at(&mountinfo_of("self"), path).is_some_and(|t| t.id == top.id) {
+            umount_lazy(path);
+        }
+        if top.id == id {
+            return;
+        }
+    }
+}
+
+/// Detaches whatever is still mounted at its path when dropped ([`force_unmount`]), also when
+/// the test panicked.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        force_unmount(&self.0);
+    }
+}
+
+/// Where the FUSE control file system lives.
+pub const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+/// The FUSE control file system at [`FUSECTL`], mounted for as long as this lives when it was
+/// not mounted already (a bare VM or container may not have it).
+pub struct Fusectl {
+    /// Whether this guard mounted it (and so unmounts it).
+    mounted_here: bool,
+}
+
+impl Fusectl {
+    /// Mounts the control file system unless it is mounted already.
+    ///
+    /// # Panics
+    /// If mounting it fails.
+    pub fn ensure() -> Fusectl {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            return Fusectl {
+                mounted_here: false,
+            };
+        }
+        nix::mount::mount(
+            Some("fusectl"),
+            FUSECTL,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+        Fusectl { mounted_here: true }
+    }
+
+    /// Aborts the FUSE connection of the mount at `mnt` (`FUSECTL/<minor of st_dev>/abort`).
+    ///
+    /// # Panics
+    /// If `mnt` cannot be stat'ed or the abort file cannot be written.
+    pub fn abort(mnt: &Path) {
+        let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(mnt).unwrap());
+        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
+        std::fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+    }
+}
+
+impl Drop for Fusectl {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
