@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::accounting::Outstanding;
 use crate::relay::proto::tests::request;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// Builds a kernel request: header (uid/gid/pid zero) + body.
