@@ -1136,19 +1136,38 @@ fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
     );
     s.server.signal(Signal::SIGSTOP);
     let p = s.m.path("r.bin");
+    let (tx, rx) = std::sync::mpsc::channel();
     // O_DIRECT: the read reaches gcsfuse whatever the page cache holds.
     let reader = std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
             .open(&p)?;
+        tx.send((nix::unistd::gettid().as_raw(), f.as_raw_fd()))
+            .unwrap();
         let mut buf = vec![0u8; MIB];
         std::io::Read::read(&mut f, &mut buf)
     });
-    // The read is in gcsfuse, waiting for the stopped server.
-    std::thread::sleep(Duration::from_millis(1500));
+    let (tid, fd) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader did not open the file");
+    // The reader sleeps in read(2) on that fd (the stopped server answers nothing), and is still
+    // there a moment later.
+    let in_read = || {
+        let text =
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).unwrap_or_default();
+        let mut f = text.split_whitespace();
+        f.next() == Some(libc::SYS_read.to_string().as_str())
+            && f.next() == Some(format!("{fd:#x}").as_str())
+    };
     assert!(
-        !reader.is_finished(),
+        wait_until(Duration::from_secs(10), in_read),
+        "the reader is not in read(2)"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        in_read() && !reader.is_finished(),
         "the read returned with the server stopped"
     );
     let t = Instant::now();

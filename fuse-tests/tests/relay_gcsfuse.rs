@@ -895,11 +895,25 @@ fn relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
         let mut buf = vec![0u8; 1 << 20];
         io::Read::read(&mut f, &mut buf)
     });
+    // A READ in gcsfuse's hands (not the LOOKUP or OPEN before it, which gcsfuse answers from
+    // its caches), still there a moment later.
+    let read_in_gcsfuse = || {
+        let st = s.status();
+        st["relay"]["awaiting_daemon"].as_u64() == Some(1)
+            && st["in_flight_by_op"].as_array().is_some_and(|ops| {
+                ops.iter()
+                    .any(|o| o[0] == "read" && o[1].as_i64() > Some(0))
+            })
+    };
     assert!(
-        wait_until(Duration::from_secs(10), || {
-            s.status()["relay"]["awaiting_daemon"].as_u64() == Some(1)
-        }),
+        wait_until(Duration::from_secs(10), read_in_gcsfuse),
         "no READ in flight in gcsfuse: {:#}",
+        s.status()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        read_in_gcsfuse(),
+        "the READ did not stay in gcsfuse: {:#}",
         s.status()
     );
     let e = s.stop(Duration::from_secs(30));

@@ -6,8 +6,9 @@
 //! told it is ready. Teardown, in order: (forced only) flush and close the handles that are
 //! left; unmount drainfs (a lazy detach when forced or busy, then abort drainfs's own FUSE
 //! connection so its session ends at once); close every lower fd drainfs holds; stop the
-//! lower's process (its stop signal, SIGKILL after the budget); remove the lower's FUSE mount
-//! if it lingers (by mount ID, never a volume's bind mount). Every step is bounded by a
+//! lower's process (drained: drainfs unmounts the lower's mount and it exits by itself;
+//! otherwise its stop signal; SIGKILL after the budget: `supervise.rs`); remove the lower's
+//! FUSE mount if it lingers (by mount ID, never a volume's bind mount). Every step is bounded by a
 //! [`crate::drain::Budget`].
 
 use std::sync::Arc;
