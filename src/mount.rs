@@ -549,6 +549,23 @@ pub fn unmount_or_detach_mount(
     m: &MountInfo,
     timeout: Duration,
 ) -> Result<Unmounted, UnmountError> {
+    detach_or_unmount(m, false, timeout)
+}
+
+/// With `detach_at_once`, detaches the mount `m` lazily at once (a forced teardown, a dead
+/// connection: nothing would answer a normal unmount); otherwise as
+/// [`unmount_or_detach_mount`].
+///
+/// # Errors
+/// When the (last) lazy unmount fails.
+pub fn detach_or_unmount(
+    m: &MountInfo,
+    detach_at_once: bool,
+    timeout: Duration,
+) -> Result<Unmounted, UnmountError> {
+    if detach_at_once {
+        return unmount_mount(m, true, timeout);
+    }
     match unmount_mount(m, false, timeout) {
         Ok(u) => Ok(u),
         Err(first) => {

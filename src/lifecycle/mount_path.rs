@@ -274,13 +274,7 @@ async fn unmount_own(ex: &mut Executor, own: mount::MountInfo, lazy_first: bool)
     let res = ex
         .bounded(
             |b| b.unmount,
-            blocking(move || {
-                if lazy_first {
-                    mount::unmount_mount(&own, true, Duration::from_secs(5))
-                } else {
-                    mount::unmount_or_detach_mount(&own, Duration::from_secs(5))
-                }
-            }),
+            blocking(move || mount::detach_or_unmount(&own, lazy_first, Duration::from_secs(5))),
         )
         .await;
     match res {

@@ -284,13 +284,7 @@ impl RelayPath {
             let res = ex
                 .bounded(
                     |b| b.unmount,
-                    blocking(move || {
-                        if lazy {
-                            mount::unmount_mount(&m, true, Duration::from_secs(5))
-                        } else {
-                            mount::unmount_or_detach_mount(&m, Duration::from_secs(5))
-                        }
-                    }),
+                    blocking(move || mount::detach_or_unmount(&m, lazy, Duration::from_secs(5))),
                 )
                 .await;
             tracing::info!(result = ?res, "unmounted the relay's mount");
