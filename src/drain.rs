@@ -279,12 +279,11 @@ pub struct Outcome {
 /// finish, or the lower was SIGKILLed (unless read-only requests explain it, below); 1 when
 /// drainfs itself failed; else 0.
 ///
-/// A lower SIGKILLed with nothing but read-only requests outstanding ([`Outstanding::is_drained`]
-/// at the kill) while such requests were in flight (at the kill, or when the teardown began
-/// and then cut them off) loses nothing: gcsfuse
-/// (jacobsa/fuse's `ServeOps`) waits for its in-flight ops before it exits, so a READ it
-/// cannot answer (the bucket unreachable) makes it miss its stop budget although every upload
-/// is done. A lower killed with nothing visible outstanding stays 75: it was busy with work
+/// A lower SIGKILLed with nothing but read-only requests outstanding
+/// ([`Outstanding::is_drained`] at the kill) while such requests were in flight (at the kill,
+/// or when the teardown began and then cut them off) loses nothing: gcsfuse (jacobsa/fuse's
+/// `ServeOps`) waits for its in-flight ops before it exits, so a READ it cannot answer (the
+/// bucket unreachable) makes it miss its stop budget although every upload is done. A lower killed with nothing visible outstanding stays 75: it was busy with work
 /// of its own (an upload drainfs cannot see, such as rclone's write-back, or a read that
 /// kernel passthrough kept out of drainfs's counts).
 pub fn exit_code(o: &Outcome) -> ExitCode {
