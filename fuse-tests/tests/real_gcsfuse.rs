@@ -1204,3 +1204,103 @@ fn a_read_stuck_in_gcsfuse_served_by_drainfs_is_a_clean_exit() {
 fn a_read_stuck_in_gcsfuse_by_passthrough_is_75() {
     a_read_stuck_in_gcsfuse_at_the_stop("auto", 75);
 }
+
+// ---------------------------------------------------------------- break-r20: the lower's stop
+
+fn bind_mount(src: &std::path::Path, dst: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let s = std::ffi::CString::new(src.as_os_str().as_bytes()).unwrap();
+    let d = std::ffi::CString::new(dst.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mount(2) on NUL-terminated paths.
+    let r = unsafe {
+        libc::mount(
+            s.as_ptr(),
+            d.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "bind mount: {}", std::io::Error::last_os_error());
+}
+
+fn detach(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: umount2(2) on a NUL-terminated path.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// A bind mount of the lower elsewhere (another container's view of the same gcsfuse mount,
+/// a debugging `mount --bind`): drainfs's own `umount2` of `--lower` succeeds, but the FUSE
+/// superblock stays mounted at the bind, so gcsfuse's session does not end and it never exits
+/// by itself; it gets no stop signal, the 500 ms abort is skipped (the mount at `--lower` is
+/// gone), and it is SIGKILLed at the deadline: exit 75 with nothing outstanding, the whole
+/// grace period spent, and a dead mount left at the bind.
+#[test]
+fn a_bind_mount_of_the_lower_elsewhere_still_stops_gcsfuse_cleanly() {
+    let _serial = serial();
+    require_installed(&[]);
+    let mut s = stack(&["--grace-period", "10s"]);
+    let bind = s.m.dir.path().join("bind");
+    std::fs::create_dir_all(&bind).unwrap();
+    bind_mount(&s.m.lower, &bind);
+    let data = pattern(7, 100_000);
+    write_file(&s.m.path("b.bin"), &data).unwrap();
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    let sum = s.summary();
+    let dead_bind = std::fs::read_dir(&bind).is_err();
+    detach(&bind);
+    assert_eq!(
+        listing(&s.server).get("b.bin"),
+        Some(&(data.len() as u64)),
+        "{sum}"
+    );
+    assert_ne!(
+        sum["lower_exit"], "signal SIGKILL",
+        "gcsfuse was SIGKILLed: {sum}"
+    );
+    assert_eq!(code, 0, "nothing was outstanding: {sum}");
+    assert!(
+        sum["timings"]["exit_ms"].as_u64().unwrap_or(u64::MAX) < 3_000,
+        "the stop took most of the grace period: {sum}"
+    );
+    assert!(
+        !dead_bind,
+        "a dead gcsfuse mount was left at the bind: {sum}"
+    );
+    s.assert_clean_end();
+}
+
+/// A process writing on the lower directly (not through drainfs) holds a file open there:
+/// drainfs's `umount2` gets EBUSY, gcsfuse's own unmount on SIGINT too, and 500 ms later
+/// drainfs aborts gcsfuse's FUSE connection "because nothing is outstanding". The writer's
+/// object never reaches the bucket, yet drainfs exits 0 (`lower_unmount: "aborted"`).
+#[test]
+fn a_writer_on_the_lower_directly_is_not_aborted_into_a_clean_exit() {
+    let _serial = serial();
+    require_installed(&[]);
+    let mut s = stack(&["--grace-period", "10s"]);
+    let data = pattern(9, 1_000_000);
+    let mut f = open(
+        &s.m.lower_path("direct.bin"),
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        0o644,
+    )
+    .unwrap();
+    f.write_all(&data).unwrap();
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    let sum = s.summary();
+    let closed = close(f);
+    let got = listing(&s.server).get("direct.bin").copied();
+    eprintln!("summary: {sum}; close: {closed:?}; object: {got:?}");
+    if got != Some(data.len() as u64) {
+        assert_ne!(
+            code, 0,
+            "exit 0 while direct.bin ({got:?}) is missing from the bucket: {sum}"
+        );
+    }
+    s.assert_clean_end();
+}
