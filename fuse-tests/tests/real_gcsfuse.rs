@@ -1304,3 +1304,37 @@ fn a_writer_on_the_lower_directly_is_not_aborted_into_a_clean_exit() {
     }
     s.assert_clean_end();
 }
+
+/// A mount under the lower (a volume bind-mounted at `--lower/sub`): drainfs's `umount2` and
+/// gcsfuse's own unmount on SIGINT both get EBUSY, and 500 ms later drainfs aborts the
+/// connection and detaches the lower lazily (MNT_DETACH), which takes the volume's bind mount
+/// with it: a mount drainfs did not make is removed, and the summary says only
+/// `lower_unmount: "aborted"`, exit 0.
+#[test]
+fn a_bind_mount_under_the_lower_is_not_removed_by_drainfs() {
+    let _serial = serial();
+    require_installed(&[]);
+    let mut s = stack(&["--grace-period", "10s"]);
+    std::fs::create_dir_all(s.m.path("sub")).unwrap();
+    let vol = s.m.dir.path().join("vol");
+    std::fs::create_dir_all(&vol).unwrap();
+    std::fs::write(vol.join("v.txt"), b"v").unwrap();
+    let sub = s.m.lower_path("sub");
+    assert!(
+        wait_until(Duration::from_secs(5), || sub.is_dir()),
+        "sub is not on the lower"
+    );
+    bind_mount(&vol, &sub);
+    s.trigger_exit_file();
+    let code = s.wait_exit(Duration::from_secs(30));
+    let sum = s.summary();
+    let still = is_mounted(&sub);
+    // Clean up whatever is left (the bind, then the lower), whatever the outcome.
+    detach(&sub);
+    detach(&s.m.lower);
+    eprintln!("exit {code}: {sum}");
+    assert!(
+        still,
+        "drainfs removed the volume's bind mount under the lower: {sum}"
+    );
+}
