@@ -656,6 +656,8 @@ pub fn abort_connection(minor: u32) -> bool {
     std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").is_ok()
 }
 
+pub mod users;
+
 #[cfg(test)]
 mod tests {
     use super::*;

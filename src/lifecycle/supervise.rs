@@ -140,6 +140,14 @@ impl Executor {
             return;
         };
         let (path, id) = (m.mount_point.clone(), m.id);
+        let under = mount::users::children_of(&mount::mounts(), id);
+        if !under.is_empty() {
+            if let Some(minor) = m.connection() {
+                mount::abort_connection(minor);
+            }
+            self.note_mounts_under_lower(&under);
+            return;
+        }
         if self.lower.watched() {
             self.record.lower_unmount = Some(LowerUnmount::Removed);
         }
@@ -296,33 +304,110 @@ impl Executor {
         if !self.drained() {
             return self.bounded(|b| b.lower_stop, wait).await;
         }
-        // Drained: nothing can be lost by ending the lower's connection. If its own unmount
-        // is refused (EBUSY: a process still holds a file on it through drainfs's
-        // passthrough, or has its cwd there), gcsfuse keeps running; ending the connection
-        // makes it stop cleanly (its read of /dev/fuse returns ENODEV) instead of waiting
-        // for a SIGKILL.
         if let Some(st) = self
             .bounded(|b| b.lower_stop.min(LOWER_BUSY_AFTER), wait)
             .await
         {
             return Some(st);
         }
-        if let Some(m) = self
-            .lower
-            .mount
-            .clone()
-            .filter(|m| mount::mount_by_id(m.id).is_some())
-        {
-            tracing::info!(lower = %m.mount_point.display(), "the lower is still mounted (busy) after its stop signal; nothing is outstanding, so ending its FUSE connection");
-            self.record.lower_unmount = Some(LowerUnmount::Aborted);
-            let _ = blocking(move || {
-                mount::abort_mount(&m);
-                mount::unmount_mount(&m, true, Duration::from_secs(5))
+        self.end_busy_lower().await
+    }
+
+    /// Drained, and the lower has not exited [`LOWER_BUSY_AFTER`] after drainfs's unmount or
+    /// its stop signal: something else keeps its session alive (a process with a file or its
+    /// cwd on it, through drainfs's lazily detached passthrough or directly; a bind mount of
+    /// it elsewhere; a mount stacked under it). Nothing of drainfs's is outstanding, so ending
+    /// the lower's FUSE connection (its read of `/dev/fuse` returns ENODEV) lets it stop
+    /// cleanly instead of waiting for a SIGKILL, but only once no process writes on the lower
+    /// directly: a writer that is not drainfs's would lose what it has not closed. While one
+    /// does, drainfs waits (the lower's stop budget, then SIGKILL: exit 75). The connection is
+    /// aborted by number, which reaches the superblock wherever it is mounted; the lower's
+    /// mount is detached only when nothing is mounted under it (a lazy detach takes every
+    /// mount under it along). Returns the lower's wait status, `None` when the budget ran out.
+    async fn end_busy_lower(&mut self) -> Option<WaitStatus> {
+        let wait = self.lower.wait();
+        let Some(m) = self.lower.mount.clone() else {
+            return self.bounded(|b| b.lower_stop, wait).await;
+        };
+        let devno = m.devno.clone();
+        let no_writers = async move {
+            let mut noted = false;
+            loop {
+                let d = devno.clone();
+                let w = blocking(move || mount::users::writers(&d)).await;
+                if w.is_empty() {
+                    return noted;
+                }
+                if !noted {
+                    tracing::warn!(lower = %m.mount_point.display(), writers = ?w, "processes write on the lower directly (not through drainfs): not ending its connection under them");
+                    noted = true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let first = self
+            .bounded(|b| b.lower_stop, async {
+                tokio::select! {
+                    st = wait => Err(st),
+                    waited = no_writers => Ok(waited),
+                }
             })
             .await;
+        match first {
+            None => {
+                self.record.notes.push("processes wrote on the lower directly (not through drainfs) until the lower's stop budget ran out: their files may be incomplete".into());
+                return None;
+            }
+            Some(Err(st)) => return Some(st),
+            Some(Ok(true)) => self.record.notes.push(
+                "processes wrote on the lower directly (not through drainfs); drainfs waited for them before ending the lower's connection".into(),
+            ),
+            Some(Ok(false)) => {}
         }
+        self.abort_lower_connection().await;
         let wait = self.lower.wait();
         self.bounded(|b| b.lower_stop, wait).await
+    }
+
+    /// Ends the lower's FUSE connection (by its number, wherever the superblock is mounted)
+    /// and detaches the lower's mount if it is still there with nothing mounted under it.
+    async fn abort_lower_connection(&mut self) {
+        let Some(m) = self.lower.mount.clone() else {
+            return;
+        };
+        tracing::info!(lower = %m.mount_point.display(), "the lower did not exit (busy); nothing is outstanding, so ending its FUSE connection");
+        self.record.lower_unmount = Some(LowerUnmount::Aborted);
+        let under = blocking(move || {
+            if let Some(minor) = m.connection() {
+                mount::abort_connection(minor);
+            }
+            let table = mount::mounts();
+            if !table.iter().any(|t| t.id == m.id) {
+                return Vec::new();
+            }
+            let under = mount::users::children_of(&table, m.id);
+            if under.is_empty() {
+                let _ = mount::unmount_mount(&m, true, Duration::from_secs(5));
+            }
+            under
+        })
+        .await;
+        if !under.is_empty() {
+            self.note_mounts_under_lower(&under);
+        }
+    }
+
+    /// Notes that the lower's (dead) mount is left in place because of the mounts under it.
+    fn note_mounts_under_lower(&mut self, under: &[std::path::PathBuf]) {
+        tracing::warn!(mounts = ?under, "mounts are stacked under the lower: leaving its (ended) mount in place rather than detaching them with it");
+        self.record.notes.push(format!(
+            "the lower's mount was left in place (its connection ended): mounts are stacked under it ({})",
+            under
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
 
     /// SIGKILLs the lower's process (it did not exit within its budget) and waits for it

