@@ -157,3 +157,63 @@ impl Drop for SharedMap {
         unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
+
+/// A read of `path` with O_DIRECT (so it reaches the FUSE daemon whatever the page cache
+/// holds) on a thread of its own, for tests that need a read stuck in the daemon.
+pub struct StuckReader {
+    tid: i32,
+    fd: i32,
+    thread: std::thread::JoinHandle<io::Result<usize>>,
+}
+
+impl StuckReader {
+    /// Opens `path` (O_RDONLY | O_DIRECT) and reads 1 MiB from it on a new thread; returns once
+    /// the file is open.
+    ///
+    /// # Panics
+    /// When the open does not finish within 10 s.
+    pub fn start(path: &Path) -> StuckReader {
+        use std::os::unix::fs::OpenOptionsExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            let mut f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&p)?;
+            let _ = tx.send((nix::unistd::gettid().as_raw(), f.as_raw_fd()));
+            let mut buf = vec![0u8; 1 << 20];
+            io::Read::read(&mut f, &mut buf)
+        });
+        let (tid, fd) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the reader did not open the file");
+        StuckReader { tid, fd, thread }
+    }
+
+    /// Whether the thread is asleep in `read(2)` on its fd (from `/proc`, as `strace -p` sees
+    /// it) and has not returned.
+    pub fn in_read(&self) -> bool {
+        let text =
+            fs::read_to_string(format!("/proc/self/task/{}/syscall", self.tid)).unwrap_or_default();
+        let mut f = text.split_whitespace();
+        !self.thread.is_finished()
+            && f.next() == Some(libc::SYS_read.to_string().as_str())
+            && f.next() == Some(format!("{:#x}", self.fd).as_str())
+    }
+
+    /// Asserts that the read is stuck: in `read(2)` within 10 s and still there 500 ms later.
+    pub fn assert_stuck(&self) {
+        assert!(
+            crate::wait::wait_until(std::time::Duration::from_secs(10), || self.in_read()),
+            "the reader is not in read(2)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(self.in_read(), "the read returned");
+    }
+
+    /// The read's result.
+    pub fn join(self) -> io::Result<usize> {
+        self.thread.join().expect("the reader panicked")
+    }
+}

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{close, open, pattern};
-use fuse_tests::fileops::SharedMap;
+use fuse_tests::fileops::{SharedMap, StuckReader};
 use fuse_tests::harness::{MountOpts, Mounted, is_mounted, make_dirs, wait_until};
 use fuse_tests::lowers::{Kind, Object, Server, lowers_py, object_of, require_installed};
 use fuse_tests::process::{cmdline, kill_leftovers, pid_alive};
@@ -46,6 +46,23 @@ fn stack(args: &[&str]) -> Stack {
             ..StackOpts::default()
         },
     )
+}
+
+/// gcsfuse alone (no drainfs) mounted on `server`'s bucket at `<workdir>/direct`, by
+/// `lowers.py mount`; `lowers.py`'s state file lets the server's cleanup unmount it.
+fn mount_gcsfuse_alone(server: &Server) -> std::path::PathBuf {
+    let mnt = server.workdir().join("direct");
+    let wd = server.workdir().to_str().unwrap().to_string();
+    lowers_py(&[
+        "mount",
+        "gcsfuse",
+        "--workdir",
+        &wd,
+        "--mountpoint",
+        mnt.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    mnt
 }
 
 /// Names and sizes in the bucket, asked without forking (see the module doc).
@@ -243,17 +260,7 @@ fn gcsfuse_alone_publishes_at_close_not_at_fsync() {
     let _serial = serial();
     require_installed(&[]);
     let server = Server::start(Kind::Gcsfuse);
-    let mnt = server.workdir().join("direct");
-    let wd = server.workdir().to_str().unwrap().to_string();
-    lowers_py(&[
-        "mount",
-        "gcsfuse",
-        "--workdir",
-        &wd,
-        "--mountpoint",
-        mnt.to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mnt = mount_gcsfuse_alone(&server);
     let data = pattern(32, 3 * MIB);
     let mut f = open(
         &mnt.join("alone.bin"),
@@ -446,17 +453,7 @@ fn gcsfuse_alone_loses_mmap_writes_after_close() {
     let data = pattern(62, 2 * MIB);
     let zeros = object_of(&vec![0u8; data.len()]);
     let server = Server::start(Kind::Gcsfuse);
-    let mnt = server.workdir().join("direct");
-    let wd = server.workdir().to_str().unwrap().to_string();
-    lowers_py(&[
-        "mount",
-        "gcsfuse",
-        "--workdir",
-        &wd,
-        "--mountpoint",
-        mnt.to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mnt = mount_gcsfuse_alone(&server);
     write_mapped_after_close(&mnt.join("late.bin"), &data);
     let st = std::process::Command::new("fusermount3")
         .arg("-u")
@@ -1123,7 +1120,6 @@ fn randomized_stop_moments() {
 /// conservative answer. Either way before the grace period ends, the reader gets an error,
 /// the object is intact, nothing is left mounted.
 fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
-    use std::os::unix::fs::OpenOptionsExt;
     let _serial = serial();
     require_installed(&[]);
     let mut s = stack(&["--grace-period", "10s", "--passthrough", passthrough]);
@@ -1135,41 +1131,9 @@ fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
         "the object was not uploaded at close"
     );
     s.server.signal(Signal::SIGSTOP);
-    let p = s.m.path("r.bin");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // O_DIRECT: the read reaches gcsfuse whatever the page cache holds.
-    let reader = std::thread::spawn(move || {
-        use std::os::fd::AsRawFd;
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&p)?;
-        tx.send((nix::unistd::gettid().as_raw(), f.as_raw_fd()))
-            .unwrap();
-        let mut buf = vec![0u8; MIB];
-        std::io::Read::read(&mut f, &mut buf)
-    });
-    let (tid, fd) = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the reader did not open the file");
-    // The reader sleeps in read(2) on that fd (the stopped server answers nothing), and is still
-    // there a moment later.
-    let in_read = || {
-        let text =
-            std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).unwrap_or_default();
-        let mut f = text.split_whitespace();
-        f.next() == Some(libc::SYS_read.to_string().as_str())
-            && f.next() == Some(format!("{fd:#x}").as_str())
-    };
-    assert!(
-        wait_until(Duration::from_secs(10), in_read),
-        "the reader is not in read(2)"
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        in_read() && !reader.is_finished(),
-        "the read returned with the server stopped"
-    );
+    // The read waits in gcsfuse for the stopped server.
+    let reader = StuckReader::start(&s.m.path("r.bin"));
+    reader.assert_stuck();
     let t = Instant::now();
     s.trigger_exit_file();
     let code = s.wait_exit(Duration::from_secs(30));
@@ -1185,7 +1149,7 @@ fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
     );
     assert!(strings(&sum, "failed_flushes").is_empty(), "{sum}");
     s.server.signal(Signal::SIGCONT);
-    let r = reader.join().unwrap();
+    let r = reader.join();
     assert!(r.is_err(), "the cut-off read returned {r:?}");
     assert_eq!(
         listing(&s.server).get("r.bin"),

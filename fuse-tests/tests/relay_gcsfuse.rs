@@ -24,7 +24,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fuse_tests::csi::{CsiSidecar, Gcsfuse, Stop};
-use fuse_tests::fileops::{close, names, pattern, show, write_file};
+use fuse_tests::fileops::{StuckReader, close, names, pattern, show, write_file};
 use fuse_tests::harness::wait_until;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
 use fuse_tests::mounts::Fusectl;
@@ -878,23 +878,13 @@ fn relay_abort_after_fsync_with_a_file_still_open_is_not_clean() {
 /// gcsfuse was killed and that a read was cut off, and the object is intact.
 #[test]
 fn relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
-    use std::os::unix::fs::OpenOptionsExt;
     let server = Server::start(Kind::Gcsfuse);
     let mut s = Sidecar::start(gcsfuse(&server, &[]), relay());
     let data = pattern(4 << 20, 17);
     write_file(&s.path("r.bin"), &data).unwrap();
     assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
     let stopped = Stopped::stop(&server);
-    let p = s.path("r.bin");
-    // O_DIRECT: the READ reaches gcsfuse whatever the page cache holds.
-    let reader = std::thread::spawn(move || {
-        let mut f = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&p)?;
-        let mut buf = vec![0u8; 1 << 20];
-        io::Read::read(&mut f, &mut buf)
-    });
+    let reader = StuckReader::start(&s.path("r.bin"));
     // A READ in gcsfuse's hands (not the LOOKUP or OPEN before it, which gcsfuse answers from
     // its caches), still there a moment later.
     let read_in_gcsfuse = || {
@@ -933,7 +923,40 @@ fn relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
         e.code == Some(0) || e.signal.as_deref() == Some("SIGTERM"),
         "{e}"
     );
-    assert!(reader.join().unwrap().is_err(), "the cut-off READ fails");
+    assert!(reader.join().is_err(), "the cut-off READ fails");
+    drop(stopped);
+    assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
+    s.assert_nothing_left();
+}
+
+/// The same through GKE's real sidecar mounter (v1.24.4, uid 65534, the fd over its socket):
+/// a READ stuck in gcsfuse at the native sidecar's SIGTERM. drainfs SIGKILLs gcsfuse and ends
+/// clean before the sidecar mounter's own SIGKILL at 5 s: the drop-in's clean stop by SIGTERM
+/// ("signal SIGTERM", no error file line), summary 0 with `forced: lower_sigkill`.
+#[test]
+fn sidecar_mounter_relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, Gcsfuse::Relay(Vec::new()), Stop::Native, &[]);
+    let data = pattern(4 << 20, 18);
+    write_file(&s.path("r.bin"), &data).unwrap();
+    assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
+    let stopped = Stopped::stop(&server);
+    let reader = StuckReader::start(&s.path("r.bin"));
+    reader.assert_stuck();
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("sidecar mounter, a READ stuck in gcsfuse: {e}");
+    assert!(
+        !e.sigkill_sent,
+        "the sidecar mounter's SIGKILL came first: {e}"
+    );
+    assert_eq!(e.code, Some(0), "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGTERM", "{e}");
+    assert!(e.error_lines.is_empty(), "{e}");
+    let summary = s.summary();
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["forced"], "lower_sigkill", "{summary:#}");
+    assert_eq!(summary["lower_exit"], "signal SIGKILL", "{summary:#}");
+    assert!(reader.join().is_err(), "the cut-off READ fails");
     drop(stopped);
     assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
     s.assert_nothing_left();
