@@ -295,14 +295,21 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
     }
     let forced_with_work =
         o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
-    let killed_for_reads = o
-        .outstanding_at_kill
-        .is_some_and(|w| w.is_drained() && (w.in_flight_read > 0 || o.reads_at_teardown > 0));
-    let killed_with_work = o.lower_stop == Some(LowerStop::Killed) && !killed_for_reads;
+    let killed_with_work = o.lower_stop == Some(LowerStop::Killed)
+        && !o
+            .outstanding_at_kill
+            .is_some_and(|w| kill_explained_by_reads(&w, o.reads_at_teardown));
     if forced_with_work || o.failed_flushes > 0 || o.closes_unfinished || killed_with_work {
         return ExitCode::Incomplete;
     }
     ExitCode::Clean
+}
+
+/// Whether read-only requests explain a SIGKILL of the lower (see [`exit_code`]): nothing
+/// but read-only work was outstanding at the kill (`at_kill`), and read-only requests were in
+/// flight then or when the teardown began (`reads_at_teardown`, [`Machine::at_teardown`]).
+pub fn kill_explained_by_reads(at_kill: &Outstanding, reads_at_teardown: i64) -> bool {
+    at_kill.is_drained() && (at_kill.in_flight_read > 0 || reads_at_teardown > 0)
 }
 
 /// Timing configuration of the machine.

@@ -417,13 +417,13 @@ impl Executor {
             pid,
             "the lower's process did not exit within its budget: SIGKILL"
         );
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        // Counted before the kill: the lower's death ends its requests at once.
         let at_kill = self.shared.acct.outstanding();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         self.machine.lower_killed(Instant::now(), at_kill);
-        let reads = at_kill
-            .in_flight_read
-            .max(self.machine.at_teardown().map_or(0, |o| o.in_flight_read));
-        if at_kill.is_drained() && reads > 0 {
+        let at_teardown = self.machine.at_teardown().map_or(0, |o| o.in_flight_read);
+        if crate::drain::kill_explained_by_reads(&at_kill, at_teardown) {
+            let reads = at_kill.in_flight_read.max(at_teardown);
             self.record.notes.push(format!(
                 "the lower's process was SIGKILLed with only read-only work outstanding ({reads} read-only request(s), no file open for writing): nothing of it can be lost"
             ));

@@ -100,29 +100,51 @@ fn maps_shared_writable(dir: &Path, devno: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Two child processes hold the same file open, one read-only and one for writing (by
+    /// their shells' redirections): only the writer is listed.
     #[test]
-    fn finds_this_process_writing_a_file_and_not_reading_one() {
+    fn lists_a_process_writing_a_file_and_not_one_reading_it() {
         let dir = tempfile::tempdir().unwrap();
-        let me = super::super::mounts()
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let devno = super::super::mounts()
             .into_iter()
             .filter(|m| dir.path().starts_with(&m.mount_point))
             .max_by_key(|m| m.mount_point.as_os_str().len())
-            .expect("the temp dir's mount");
-        let pid = std::process::id().to_string();
-        let mine = |w: &[String]| w.iter().any(|p| p.split(' ').next() == Some(pid.as_str()));
-        let r = std::fs::File::create(dir.path().join("r")).unwrap();
-        drop(r);
-        let _reader = std::fs::File::open(dir.path().join("r")).unwrap();
-        let before = writers(&me.devno);
-        let _writer = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.path().join("r"))
+            .expect("the temp dir's mount")
+            .devno;
+        let hold = |redirect: &str| {
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("exec 3{redirect}\"$0\"; echo; exec sleep 30"))
+                .arg(&f)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut reader = hold("<");
+        let mut writer = hold(">>");
+        for c in [&mut reader, &mut writer] {
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(c.stdout.as_mut().unwrap()),
+                &mut line,
+            )
             .unwrap();
-        let after = writers(&me.devno);
-        assert!(mine(&after), "{after:?}");
-        // Other threads of the test binary may have writers on the same filesystem; only a
-        // change caused by opening the writer is certain.
-        let _ = before;
+        }
+        let listed = writers(&devno);
+        let has = |pid: u32| {
+            listed
+                .iter()
+                .any(|w| w.split(' ').next() == Some(pid.to_string().as_str()))
+        };
+        let (r, w) = (has(reader.id()), has(writer.id()));
+        for mut c in [reader, writer] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(w, "the writer is not listed: {listed:?}");
+        assert!(!r, "the reader is listed: {listed:?}");
     }
 
     #[test]
