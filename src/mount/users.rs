@@ -118,7 +118,11 @@ mod tests {
                 .arg("-c")
                 .arg(format!("exec 3{redirect}\"$0\"; echo; exec sleep 30"))
                 .arg(&f)
+                // Nothing inherited: the test's own stderr may be a file on the same
+                // filesystem (a log under /tmp), which would make the reader a writer too.
+                .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
         };
