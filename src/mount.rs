@@ -43,6 +43,13 @@ impl MountInfo {
         base == "fuse" || base == "fuseblk"
     }
 
+    /// Whether `t` is this same mount. A mount ID is handed to a new mount once its mount is
+    /// gone (the kernel takes the lowest free one), so the device number and the mount point
+    /// must match too.
+    pub fn same_mount(&self, t: &MountInfo) -> bool {
+        t.id == self.id && t.devno == self.devno && t.mount_point == self.mount_point
+    }
+
     /// The minor device number (`major:minor` field): for a FUSE mount, its connection number
     /// in `/sys/fs/fuse/connections/`.
     pub fn connection(&self) -> Option<u32> {
@@ -119,9 +126,10 @@ pub fn mount_containing(path: &Path) -> Option<MountInfo> {
     path.ancestors().find_map(|p| topmost(&table, p))
 }
 
-/// The mount with this ID in this mount namespace, if it is still mounted.
-pub fn mount_by_id(id: u64) -> Option<MountInfo> {
-    mounts().into_iter().find(|m| m.id == id)
+/// `m` (a line read earlier) as it is in this mount namespace's table now, if it is still
+/// mounted ([`MountInfo::same_mount`]).
+pub fn still_mounted(m: &MountInfo) -> Option<MountInfo> {
+    mounts().into_iter().find(|t| m.same_mount(t))
 }
 
 /// The ID of the topmost mount at `path` now (`None`: `path` is not a mount point). Taken
@@ -444,7 +452,7 @@ pub fn unmount_mount(
         // process to spawn, which matters when the deadline leaves milliseconds.
         // SAFETY: umount2 on a NUL-terminated path.
         let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        if r == 0 && mount_by_id(m.id).is_none() {
+        if r == 0 && still_mounted(m).is_none() {
             return Ok(done);
         }
     }
@@ -463,7 +471,7 @@ pub fn unmount_mount(
             Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
             Err(e) => e.to_string(),
         };
-        if mount_by_id(m.id).is_none() {
+        if still_mounted(m).is_none() {
             return Ok(done);
         }
     }
@@ -474,7 +482,7 @@ pub fn unmount_mount(
     // SAFETY: umount2 on a NUL-terminated path.
     let r = unsafe { libc::umount2(c.as_ptr(), flags) };
     let errno = std::io::Error::last_os_error();
-    if r == 0 || mount_by_id(m.id).is_none() {
+    if r == 0 || still_mounted(m).is_none() {
         return Ok(done);
     }
     Err(UnmountError::Failed {
@@ -511,7 +519,7 @@ pub fn unmount_now(m: &MountInfo) -> std::io::Result<()> {
 /// (`NotMounted`: the ID is gone; `Covered`: something is stacked on it), logged.
 fn not_on_top(m: &MountInfo) -> Option<Unmounted> {
     let table = mounts();
-    if !table.iter().any(|t| t.id == m.id) {
+    if !table.iter().any(|t| m.same_mount(t)) {
         return Some(Unmounted::NotMounted);
     }
     match topmost(&table, &m.mount_point) {
@@ -631,31 +639,8 @@ pub fn mount_fuse(
     }
 }
 
-/// Aborts the FUSE connection behind the topmost mount at `path` (see [`abort_mount`]).
-pub fn abort_fuse_connection(path: &Path) -> bool {
-    mount_at(&absolute(path)).is_some_and(|m| abort_mount(&m))
-}
-
-/// Aborts the FUSE connection of mount `m` (`/sys/fs/fuse/connections/<minor>/abort`), which
-/// fails every request waiting on a wedged daemon. Only for a FUSE mount that is still mounted
-/// (by ID). Returns whether the abort file was written.
-pub fn abort_mount(m: &MountInfo) -> bool {
-    if !m.is_fuse() || mount_by_id(m.id).is_none() {
-        return false;
-    }
-    // The connection's number is the minor of the mount's st_dev, from mountinfo's
-    // major:minor field (stat on a wedged mount would hang).
-    m.connection().is_some_and(abort_connection)
-}
-
-/// Aborts FUSE connection `minor` (`/sys/fs/fuse/connections/<minor>/abort`): every pending
-/// request fails with ECONNABORTED and later ones with ENOTCONN; the daemon's read of
-/// `/dev/fuse` returns ENODEV. Works after the mount was detached. Returns whether it was
-/// written.
-pub fn abort_connection(minor: u32) -> bool {
-    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").is_ok()
-}
-
+pub mod connection;
+pub use connection::{Connection, abort_fuse_connection, abort_mount};
 pub mod users;
 
 #[cfg(test)]

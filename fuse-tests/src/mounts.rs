@@ -3,6 +3,7 @@
 //! cleanup that detaches what a test left mounted: by path ([`force_unmount`], the
 //! [`Unmount`] guard) or down to a known mount ID ([`detach_down_to`]).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -13,6 +14,8 @@ pub struct Mnt {
     pub id: u64,
     /// Parent mount ID.
     pub parent: u64,
+    /// `major:minor` of the mounted file system (for FUSE the minor is the connection number).
+    pub devno: String,
     /// Mount point (octal escapes left as they are; test paths have none).
     pub mount_point: PathBuf,
     /// Optional fields (`shared:N`, `master:N`...), space-separated.
@@ -40,6 +43,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mnt> {
             Some(Mnt {
                 id: f.first()?.parse().ok()?,
                 parent: f.get(1)?.parse().ok()?,
+                devno: f.get(2)?.to_string(),
                 mount_point: PathBuf::from(*f.get(4)?),
                 propagation: f.get(6..).map(|o| o.join(" ")).unwrap_or_default(),
                 fstype: right.split(' ').next()?.to_string(),
@@ -211,5 +215,70 @@ impl Drop for Fusectl {
         if self.mounted_here {
             let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
         }
+    }
+}
+
+/// A FUSE mount with no daemon: the test holds its `/dev/fuse` fd (non-blocking) and never
+/// answers, so it costs a millisecond to make and sends nothing anywhere. It stands for
+/// another pod's FUSE mount on the node. Detached (and its fd closed) when dropped.
+pub struct BareFuse {
+    fd: std::os::fd::OwnedFd,
+    /// Where it is mounted.
+    pub path: PathBuf,
+    /// Its connection number (the minor of its device number).
+    pub minor: u32,
+}
+
+impl BareFuse {
+    /// Mounts a bare FUSE file system (type `fuse`, source `bare`) at the directory `path`.
+    ///
+    /// # Panics
+    /// When `/dev/fuse` cannot be opened, `mount(2)` fails, or the mount is not in mountinfo.
+    pub fn mount(path: &Path) -> BareFuse {
+        use std::os::fd::AsRawFd;
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/fuse")
+            .expect("open /dev/fuse");
+        let fd: std::os::fd::OwnedFd = dev.into();
+        let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", fd.as_raw_fd());
+        nix::mount::mount(
+            Some("bare"),
+            path,
+            Some("fuse"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        )
+        .unwrap_or_else(|e| panic!("mount a bare FUSE file system at {}: {e}", path.display()));
+        let m = top_at(&mountinfo_of("self"), path).expect("the bare mount in mountinfo");
+        let minor = m
+            .devno
+            .split(':')
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .expect("minor");
+        BareFuse {
+            fd,
+            path: path.to_path_buf(),
+            minor,
+        }
+    }
+
+    /// Whether its connection is still up: a read of its `/dev/fuse` fd gives a request (the
+    /// INIT it was never answered) or EAGAIN, not ENODEV (ended by an abort).
+    pub fn connected(&self) -> bool {
+        let mut buf = vec![0u8; 1 << 21];
+        !matches!(
+            nix::unistd::read(&self.fd, &mut buf),
+            Err(nix::errno::Errno::ENODEV)
+        )
+    }
+}
+
+impl Drop for BareFuse {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
     }
 }

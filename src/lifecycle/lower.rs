@@ -29,6 +29,9 @@ pub(super) struct Lower {
     stderr_tail: Arc<Mutex<std::collections::VecDeque<String>>>,
     /// The lower's FUSE mount (by mount ID): the only lower mount drainfs may remove.
     pub(super) mount: Option<mount::MountInfo>,
+    /// The connection behind [`Lower::mount`], taken when the mount was seen: the only
+    /// connection drainfs may abort by number.
+    pub(super) connection: Option<mount::Connection>,
 }
 
 impl Lower {
@@ -42,6 +45,7 @@ impl Lower {
             _status_tx: Some(tx),
             stderr_tail: Arc::default(),
             mount: None,
+            connection: None,
         }
     }
 
@@ -63,6 +67,7 @@ impl Lower {
             _status_tx: None,
             stderr_tail: Arc::default(),
             mount: None,
+            connection: None,
         }
     }
 
@@ -76,6 +81,7 @@ impl Lower {
             _status_tx: None,
             stderr_tail: Arc::default(),
             mount: None,
+            connection: None,
         }
     }
 
@@ -156,6 +162,7 @@ pub(super) fn spawn_lower(argv: &[OsString]) -> std::io::Result<Lower> {
         _status_tx: None,
         stderr_tail: tail,
         mount: None,
+        connection: None,
     })
 }
 

@@ -34,7 +34,7 @@ pub(super) struct MountPath {
     /// drainfs's own mount (by mount ID), recorded right after mounting.
     own_mount: Option<mount::MountInfo>,
     /// The FUSE connection behind drainfs's own mount (for an abort after a lazy detach).
-    own_connection: Option<u32>,
+    own_connection: Option<mount::Connection>,
 }
 
 impl DataPath for MountPath {
@@ -171,7 +171,7 @@ impl MountPath {
         Ok(MountPath {
             core,
             session_done: Some(session_done),
-            own_connection: own_mount.as_ref().and_then(|m| m.connection()),
+            own_connection: own_mount.as_ref().and_then(mount::Connection::of),
             own_mount,
         })
     }
@@ -211,8 +211,8 @@ impl MountPath {
                     // Detached but still referenced (a process's cwd or open file): the
                     // session would run until the last reference goes. Nothing outstanding
                     // remains to be served (or it was forced), so end the connection now.
-                    if let Some(minor) = self.own_connection {
-                        mount::abort_connection(minor);
+                    if let Some(c) = self.own_connection {
+                        blocking(move || c.abort()).await;
                     }
                 }
             }

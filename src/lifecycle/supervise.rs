@@ -49,6 +49,7 @@ impl Executor {
             LowerProcess::Adopted { pid } => {
                 self.lower = Lower::adopted(pid);
                 self.lower.mount = mount::fuse_mount_above(&lower_path, None);
+                self.lower.connection = self.lower.mount.as_ref().and_then(mount::Connection::of);
                 let p = lower_path.clone();
                 let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
                 if let Err(e) = answered {
@@ -77,6 +78,7 @@ impl Executor {
                 && !mount::is_dead(lower_path)
             {
                 tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                self.lower.connection = mount::Connection::of(&m);
                 self.lower.mount = Some(m);
                 return None;
             }
@@ -136,15 +138,13 @@ impl Executor {
     /// is never touched), if it is still mounted: aborted and detached when the lower's process
     /// is gone or the mount is dead, else unmounted (lazily if busy).
     pub(super) async fn remove_lower_mount(&mut self, m: Option<mount::MountInfo>) {
-        let Some(m) = m.filter(|m| mount::mount_by_id(m.id).is_some()) else {
+        let Some(m) = m.filter(|m| mount::still_mounted(m).is_some()) else {
             return;
         };
         let (path, id) = (m.mount_point.clone(), m.id);
         let under = mount::users::children_of(&mount::mounts(), id);
         if !under.is_empty() {
-            if let Some(minor) = m.connection() {
-                mount::abort_connection(minor);
-            }
+            mount::abort_mount(&m);
             self.note_mounts_under_lower(&under);
             return;
         }
@@ -187,9 +187,9 @@ impl Executor {
             return;
         }
         self.stop_lower(why).await;
-        if let Some(id) = self.lower.mount.as_ref().map(|m| m.id) {
+        if let Some(m) = self.lower.mount.clone() {
             let gone = async move {
-                while mount::mount_by_id(id).is_some() {
+                while mount::still_mounted(&m).is_some() {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             };
@@ -292,7 +292,10 @@ impl Executor {
                 tracing::warn!(lower = %path.display(), "unmounting the lower did not finish within its budget");
                 // Whether it went is unknown: the lower's own unmount could hit what is
                 // beneath, so no stop signal once it is gone.
-                mount::mount_by_id(self.lower.mount.as_ref().map_or(0, |m| m.id)).is_none()
+                self.lower
+                    .mount
+                    .as_ref()
+                    .is_none_or(|m| mount::still_mounted(m).is_none())
             }
         }
     }
@@ -321,14 +324,21 @@ impl Executor {
     /// cleanly instead of waiting for a SIGKILL, but only once no process writes on the lower
     /// directly: a writer that is not drainfs's would lose what it has not closed. While one
     /// does, drainfs waits (the lower's stop budget, then SIGKILL: exit 75). The connection is
-    /// aborted by number, which reaches the superblock wherever it is mounted; the lower's
-    /// mount is detached only when nothing is mounted under it (a lazy detach takes every
-    /// mount under it along). Returns the lower's wait status, `None` when the budget ran out.
+    /// the one seen when the lower came up ([`mount::Connection`]): its abort reaches the
+    /// superblock wherever it is mounted, and once it has ended (drainfs's unmount took it)
+    /// nothing is aborted, whoever has its number now; drainfs just waits for the process.
+    /// The lower's mount is detached only when nothing is mounted under it (a lazy detach
+    /// takes every mount under it along). Returns the lower's wait status, `None` when the
+    /// budget ran out.
     async fn end_busy_lower(&mut self) -> Option<WaitStatus> {
         let wait = self.lower.wait();
-        let Some(m) = self.lower.mount.clone() else {
+        let (Some(m), Some(conn)) = (self.lower.mount.clone(), self.lower.connection) else {
             return self.bounded(|b| b.lower_stop, wait).await;
         };
+        if !blocking(move || conn.exists()).await {
+            tracing::info!(lower = %m.mount_point.display(), "the lower's FUSE connection has ended but its process has not exited: waiting for it");
+            return self.bounded(|b| b.lower_stop, wait).await;
+        }
         let devno = m.devno.clone();
         let no_writers = async move {
             let mut noted = false;
@@ -369,29 +379,31 @@ impl Executor {
         self.bounded(|b| b.lower_stop, wait).await
     }
 
-    /// Ends the lower's FUSE connection (by its number, wherever the superblock is mounted)
-    /// and detaches the lower's mount if it is still there with nothing mounted under it.
+    /// Ends the lower's FUSE connection (the one seen when the lower came up, wherever its
+    /// superblock is mounted, and only while it exists: [`mount::Connection::abort`]) and
+    /// detaches the lower's mount if it is still there with nothing mounted under it.
     async fn abort_lower_connection(&mut self) {
         let Some(m) = self.lower.mount.clone() else {
             return;
         };
+        let connection = self.lower.connection;
         tracing::info!(lower = %m.mount_point.display(), "the lower did not exit (busy); nothing is outstanding, so ending its FUSE connection");
-        self.record.lower_unmount = Some(LowerUnmount::Aborted);
-        let under = blocking(move || {
-            if let Some(minor) = m.connection() {
-                mount::abort_connection(minor);
-            }
+        let (aborted, under) = blocking(move || {
+            let aborted = connection.is_some_and(|c| c.abort());
             let table = mount::mounts();
-            if !table.iter().any(|t| t.id == m.id) {
-                return Vec::new();
+            if !table.iter().any(|t| m.same_mount(t)) {
+                return (aborted, Vec::new());
             }
             let under = mount::users::children_of(&table, m.id);
             if under.is_empty() {
                 let _ = mount::unmount_mount(&m, true, Duration::from_secs(5));
             }
-            under
+            (aborted, under)
         })
         .await;
+        if aborted {
+            self.record.lower_unmount = Some(LowerUnmount::Aborted);
+        }
         if !under.is_empty() {
             self.note_mounts_under_lower(&under);
         }
