@@ -516,7 +516,7 @@ pub fn unmount_now(m: &MountInfo) -> std::io::Result<()> {
 }
 
 /// `None` when `m` is the topmost mount at its mount point; otherwise what to answer instead
-/// (`NotMounted`: the ID is gone; `Covered`: something is stacked on it), logged.
+/// (`NotMounted`: that mount is gone; `Covered`: something is stacked on it), logged.
 fn not_on_top(m: &MountInfo) -> Option<Unmounted> {
     let table = mounts();
     if !table.iter().any(|t| m.same_mount(t)) {
