@@ -332,10 +332,14 @@ impl Executor {
     /// budget ran out.
     async fn end_busy_lower(&mut self) -> Option<WaitStatus> {
         let wait = self.lower.wait();
-        let (Some(m), Some(conn)) = (self.lower.mount.clone(), self.lower.connection) else {
+        let Some(m) = self.lower.mount.clone() else {
             return self.bounded(|b| b.lower_stop, wait).await;
         };
-        if !blocking(move || conn.exists()).await {
+        // Without the FUSE control file system (`connection` is None) nothing can be aborted,
+        // but the lower's mount is still detached below.
+        if let Some(c) = self.lower.connection
+            && !blocking(move || c.exists()).await
+        {
             tracing::info!(lower = %m.mount_point.display(), "the lower's FUSE connection has ended but its process has not exited: waiting for it");
             return self.bounded(|b| b.lower_stop, wait).await;
         }
