@@ -27,7 +27,8 @@ pub(super) struct Lower {
     /// Keeps the channel open for a lower nobody reports on (adopted without a pid).
     _status_tx: Option<watch::Sender<Option<WaitStatus>>>,
     stderr_tail: Arc<Mutex<std::collections::VecDeque<String>>>,
-    /// The lower's FUSE mount (by mount ID): the only lower mount drainfs may remove.
+    /// The lower's FUSE mount (its mountinfo line: ID, device number, mount point): the only
+    /// lower mount drainfs may remove.
     pub(super) mount: Option<mount::MountInfo>,
     /// The connection behind [`Lower::mount`], taken when the mount was seen: the only
     /// connection drainfs may abort by number.
