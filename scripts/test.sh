@@ -74,6 +74,8 @@ RUSTFLAGS="--cfg drainfs_loom" cargo test --lib --locked --target-dir target/loo
 
 step "Kubernetes manifests and Dockerfile (offline)"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/check.sh
+# The Dockerfile's build context after .dockerignore, with BuildKit's parser and Docker's matcher.
+bash docker/check-context.sh
 
 step "monitoring: alert rules and their tests (promtool), dashboard expressions, metric names"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/monitoring/check.sh
