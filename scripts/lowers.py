@@ -226,10 +226,34 @@ def stop_pid(pid: int, start_time: str | None, sig: int = signal.SIGTERM,
     return "killed"
 
 
+PORTS_FILE = "/tmp/drainfs-test-ports"
+PORTS = range(20000, 30000)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The next port of PORTS that binds on 127.0.0.1, after the last one handed out: the
+    counter in PORTS_FILE, under flock, shared with the Rust tests (fuse-tests/src/wait.rs,
+    free_port), so two tests never race for one port, and below the ephemeral range, so no
+    connect() takes it as its local port."""
+    fd = os.open(PORTS_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.read(fd, 64).decode(errors="replace").strip()
+        nxt = int(raw) if raw.isdigit() else 0
+        for _ in range(len(PORTS)):
+            port = PORTS.start + nxt % len(PORTS)
+            nxt = (nxt + 1) % len(PORTS)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(nxt).encode(), 0)
+            return port
+        raise SystemExit(f"lowers.py: no port of {PORTS.start}-{PORTS.stop - 1} binds on 127.0.0.1")
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- HTTP

@@ -107,6 +107,7 @@ impl NodeDriver {
     /// Spawns `cmd` (from [`NodeDriver::command`]) for the mount at `mnt`, its stdout echoed
     /// after `label`; the drop allows it `grace` to stop the sidecar.
     pub fn spawn(cmd: Command, mnt: &Path, label: &'static str, grace: Duration) -> NodeDriver {
+        crate::bound::own_dir(mnt);
         NodeDriver {
             proc: Proc::spawn_piped(cmd, label),
             mnt: mnt.to_path_buf(),

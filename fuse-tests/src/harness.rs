@@ -6,6 +6,15 @@
 //! builds on live in [`crate::process`], [`crate::mounts`] and [`crate::wait`] (re-exported
 //! here: [`Proc`], [`is_mounted`], [`force_unmount`], [`wait_until`]).
 //!
+//! Every test that mounts runs under [`crate::bound`]: what it starts through [`Proc`] and the
+//! directories it mounts in ([`scratch_dir`], the topologies' mountpoints, temporary
+//! directories named in a started process's arguments) are recorded, and past the bound
+//! (300 s, `DRAINFS_TEST_BOUND`) its FUSE connections are aborted, its processes killed and
+//! the test process fails. A new test gets that by starting its processes with [`Proc`] and
+//! making its directories with [`scratch_dir`] (or `tempfile`'s defaults). A test that needs
+//! machine-wide state (connection numbers, the whole mount table, fusectl) goes in
+//! `tests/machine_wide.rs` and takes its lock; ports come from [`crate::wait::free_port`].
+//!
 //! The binaries are found next to the test executable's `deps/` directory
 //! (`target/<profile>/drainfs`, `target/<profile>/bucketfs`), so the suite must be run after
 //! `cargo build --workspace --bins` (the README's test command does that), or with
@@ -80,6 +89,7 @@ pub fn scratch_dir(base: &str, prefix: &str) -> tempfile::TempDir {
         .prefix(prefix)
         .tempdir_in(base)
         .expect("tempdir");
+    crate::bound::own_dir(dir.path());
     std::fs::set_permissions(
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),

@@ -6,8 +6,11 @@
 //! Over it, one layer per topology: [`harness`] (drainfs over a directory or `bucketfs`),
 //! [`stack`] (over a real lower), [`pod`] (a pod's mount and PID namespaces), [`driver`] (the
 //! CSI node driver), with [`relay`] (a daemon on `/dev/fd/3`, directly or behind the relay)
-//! and [`csi`] (GKE's real sidecar mounter) over it.
+//! and [`csi`] (GKE's real sidecar mounter) over it. Every test that mounts runs under
+//! [`bound`]: past its deadline its connections are aborted, its processes killed and the
+//! test process fails, so that no test hangs the suite or leaves a reader in D state.
 
+pub mod bound;
 pub mod bucket;
 pub mod csi;
 pub mod driver;

@@ -169,12 +169,14 @@ impl Drop for Unmount {
 /// Where the FUSE control file system lives.
 pub const FUSECTL: &str = "/sys/fs/fuse/connections";
 
-/// The FUSE control file system at [`FUSECTL`], mounted for as long as this lives when it was
-/// not mounted already (a bare VM or container may not have it).
-pub struct Fusectl {
-    /// Whether this guard mounted it (and so unmounts it).
-    mounted_here: bool,
-}
+/// The FUSE control file system at [`FUSECTL`], mounted for as long as any of these lives in
+/// this test process when it was not mounted already (a bare VM or container may not have it;
+/// `scripts/test.sh` mounts it up front). The guards of concurrent tests share one count, so
+/// one test's guard never unmounts it under another's.
+pub struct Fusectl(());
+
+/// How many [`Fusectl`] guards live, and whether the first of them mounted it.
+static FUSECTL_USERS: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, false));
 
 impl Fusectl {
     /// Mounts the control file system unless it is mounted already.
@@ -182,38 +184,50 @@ impl Fusectl {
     /// # Panics
     /// If mounting it fails.
     pub fn ensure() -> Fusectl {
+        let mut users = FUSECTL_USERS.lock().unwrap_or_else(|e| e.into_inner());
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
-            return Fusectl {
-                mounted_here: false,
-            };
+        if !mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
+            nix::mount::mount(
+                Some("fusectl"),
+                FUSECTL,
+                Some("fusectl"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
+            users.1 = true;
         }
-        nix::mount::mount(
-            Some("fusectl"),
-            FUSECTL,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mount fusectl on {FUSECTL}: {e}"));
-        Fusectl { mounted_here: true }
+        users.0 += 1;
+        Fusectl(())
     }
 
-    /// Aborts the FUSE connection of the mount at `mnt` (`FUSECTL/<minor of st_dev>/abort`).
+    /// Aborts the FUSE connection of the mount at `mnt`, found in mountinfo (no `stat` of the
+    /// mount, which would wait on a wedged daemon) and aborted only while it is still that
+    /// mount's ([`crate::bound::abort_connection`]).
     ///
     /// # Panics
-    /// If `mnt` cannot be stat'ed or the abort file cannot be written.
+    /// If no FUSE mount is at `mnt`, or the abort file refuses the write.
     pub fn abort(mnt: &Path) {
-        let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(mnt).unwrap());
-        let abort = format!("{FUSECTL}/{}/abort", nix::sys::stat::minor(dev));
-        std::fs::write(&abort, "1").unwrap_or_else(|e| panic!("{abort}: {e}"));
+        let m = crate::bound::fuse_mounts_under(&[mnt.to_path_buf()])
+            .into_iter()
+            .rfind(|m| m.path == mnt)
+            .unwrap_or_else(|| panic!("no FUSE mount at {}", mnt.display()));
+        assert!(
+            crate::bound::abort_connection(&m),
+            "{FUSECTL}/{}/abort: the connection of {} did not take the abort",
+            m.minor,
+            mnt.display()
+        );
     }
 }
 
 impl Drop for Fusectl {
     fn drop(&mut self) {
-        if self.mounted_here {
+        let mut users = FUSECTL_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        users.0 -= 1;
+        if users.0 == 0 && users.1 {
             let _ = nix::mount::umount2(FUSECTL, nix::mount::MntFlags::MNT_DETACH);
+            users.1 = false;
         }
     }
 }
@@ -236,6 +250,7 @@ impl BareFuse {
     /// When `/dev/fuse` cannot be opened, `mount(2)` fails, or the mount is not in mountinfo.
     pub fn mount(path: &Path) -> BareFuse {
         use std::os::fd::AsRawFd;
+        crate::bound::own_dir(path);
         let dev = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -5,7 +5,9 @@
 //! [`Proc`] is the one process type of the harness: it collects the process's stderr (and,
 //! with [`Proc::spawn_piped`], its stdout, keeping its stdin open), stops it by an escalation
 //! ladder of signals ([`Proc::stop`]), and on drop kills and reaps it by PID if it still runs,
-//! also when the test panicked. The free functions find children and read `/proc/PID/*`.
+//! also when the test panicked. Every [`Proc`] is recorded in its test's bound
+//! ([`crate::bound`]): a test that outlives it has its processes killed and its mounts
+//! aborted. The free functions find children and read `/proc/PID/*`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -43,6 +45,8 @@ pub struct Proc {
     /// to processes that watch it.
     stdin: Option<ChildStdin>,
     exited: Option<ExitStatus>,
+    /// Its record in the test's bound ([`crate::bound`]), dropped after the process is reaped.
+    _bound: crate::bound::Record,
 }
 
 impl Proc {
@@ -53,10 +57,12 @@ impl Proc {
     /// If the program cannot be started.
     pub fn spawn(mut cmd: Command) -> Proc {
         cmd.stderr(Stdio::piped());
+        crate::bound::own_args(cmd.get_args());
         let mut child = cmd.spawn().expect("spawn");
         let stderr = Lines::default();
         collect(child.stderr.take().expect("piped"), stderr.clone(), "|");
         Proc {
+            _bound: crate::bound::process(child.id() as i32, stderr.clone()),
             child,
             stderr,
             stdout: Lines::default(),
@@ -74,6 +80,7 @@ impl Proc {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        crate::bound::own_args(cmd.get_args());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
@@ -81,6 +88,7 @@ impl Proc {
         collect(child.stdout.take().expect("piped"), stdout.clone(), label);
         collect(child.stderr.take().expect("piped"), stderr.clone(), "|");
         Proc {
+            _bound: crate::bound::process(child.id() as i32, stderr.clone()),
             stdin: child.stdin.take(),
             child,
             stderr,

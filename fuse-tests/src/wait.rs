@@ -120,8 +120,47 @@ pub fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_jso
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (for `--admin-addr`).
+/// The file that hands out the suite's ports ([`free_port`], and `free_port()` in
+/// `scripts/lowers.py`, which follows the same protocol).
+pub const PORTS_FILE: &str = "/tmp/drainfs-test-ports";
+/// The suite's ports: 20000-29999, below the kernel's ephemeral range (32768-60999 by
+/// default), so that no `connect` anywhere on the machine takes one as its local port.
+const PORTS: std::ops::Range<u32> = 20_000..30_000;
+
+/// A TCP port on 127.0.0.1 for a server a test starts (`--admin-addr`, fake-gcs-server):
+/// the next port of [`PORTS`] after the last one handed out (a counter in [`PORTS_FILE`],
+/// under `flock`, shared by every test process and `scripts/lowers.py`) that binds now. A port
+/// is handed out again only after the other 9,999 were, so two tests never race for one.
+///
+/// # Panics
+/// When the counter file cannot be used, or no port of the range binds.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(PORTS_FILE)
+        .unwrap_or_else(|e| panic!("{PORTS_FILE}: {e}"));
+    let mut f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {PORTS_FILE}: {e}"));
+    let mut text = String::new();
+    let _ = f.read_to_string(&mut text);
+    let mut next: u32 = text.trim().parse().unwrap_or(0);
+    let len = PORTS.end - PORTS.start;
+    for _ in 0..len {
+        let port = u16::try_from(PORTS.start + next % len).expect("port");
+        next = (next + 1) % len;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            use std::io::Seek;
+            f.set_len(0).expect("truncate the ports file");
+            f.rewind().expect("rewind the ports file");
+            f.write_all(next.to_string().as_bytes())
+                .expect("write the ports file");
+            return port;
+        }
+    }
+    panic!("no port of {PORTS:?} binds on 127.0.0.1")
 }

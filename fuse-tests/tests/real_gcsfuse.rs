@@ -983,6 +983,12 @@ fn gcsfuse_without_foreground_is_a_dead_lower() {
             .flatten()
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            // comm first: a cmdline read waits behind a process stuck in a page fault
+            // anywhere on the machine, comm does not.
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "gcsfuse")
+            })
             .filter(|pid| cmdline(*pid).iter().any(|a| a.contains(&needle)))
             .filter(|pid| pid_alive(*pid))
             .collect()

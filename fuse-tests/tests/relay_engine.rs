@@ -278,21 +278,9 @@ fn lazy_unmount_stops_the_daemon_cleanly() {
 
 #[test]
 fn connection_abort_stops_the_daemon_cleanly() {
-    kernel_gone(|mnt| {
-        use std::os::unix::fs::MetadataExt;
-        let dev = std::fs::metadata(mnt).unwrap().dev();
-        let minor = nix::sys::stat::minor(dev);
-        // fusectl must be mounted (scripts/test.sh mounts it up front); a test never mounts a
-        // system filesystem itself.
-        let conns = Path::new("/sys/fs/fuse/connections");
-        assert!(
-            std::fs::read_dir(conns).map(|d| d.count()).unwrap_or(0) > 0,
-            "fusectl is not mounted at {}",
-            conns.display()
-        );
-        let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
-        std::fs::write(&abort, b"1").unwrap_or_else(|e| panic!("{abort}: {e}"));
-    });
+    // fusectl must be mounted (scripts/test.sh mounts it up front, or the guard does).
+    let _fusectl = fuse_tests::mounts::Fusectl::ensure();
+    kernel_gone(fuse_tests::mounts::Fusectl::abort);
 }
 
 /// Runs `f` on another thread; `None` if it does not finish within `t`.
@@ -438,11 +426,7 @@ fn http(method: &str, url: &str) -> (u16, String) {
 
 #[test]
 fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = fuse_tests::wait::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let sock_dir = tempfile::tempdir().unwrap();
     let sock = sock_dir.path().join("control.sock");

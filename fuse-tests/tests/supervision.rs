@@ -10,8 +10,6 @@
 //! - drainfs as PID 1 of a PID namespace collects an orphan that its lower left behind, with
 //!   its own `/proc` and with the parent namespace's `/proc` (where it cannot list its
 //!   children), and still reports the lower's own exit status.
-//! - A lower whose process outlives its mount never gets drainfs to abort the newer mount that
-//!   took its connection number.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +19,6 @@ use std::time::Duration;
 use fuse_tests::harness::{
     MountOpts, Mounted, Proc, bin, force_unmount, make_dirs, scratch_dir, wait_until,
 };
-use fuse_tests::mounts::{BareFuse, Fusectl, mount_id_at, mountinfo_of, top_at};
 use fuse_tests::process::child_pids;
 use fuse_tests::wait::summary_at;
 use nix::sys::signal::Signal;
@@ -376,93 +373,4 @@ fn pid1_reports_the_lowers_exit_with_its_own_proc() {
 #[test]
 fn pid1_reports_the_lowers_exit_with_the_parents_proc() {
     pid1_reports_the_lowers_exit(false);
-}
-
-/// A lower whose process outlives its mount (a wrapper script that goes on after its FUSE
-/// daemon exited). At the stop drainfs unmounts the lower, and when the process has not exited
-/// 500 ms later it ends the lower's connection. The lower's superblock went with the unmount,
-/// so its connection number was free, and here a new FUSE mount (another pod's, on a node)
-/// has it by then: that mount keeps its connection. drainfs used to write the number it
-/// remembered from the start to `/sys/fs/fuse/connections/<N>/abort`, which aborted the
-/// newcomer.
-#[test]
-fn a_lower_outliving_its_mount_never_aborts_a_newer_mount_with_its_number() {
-    // Where connections are aborted (scripts/test.sh mounts it; a bare VM may not have it).
-    let _fusectl = Fusectl::ensure();
-    let (dir, lower, mnt) = layout();
-    let [bucket, decoys] = make_dirs(dir.path(), ["bucket", "decoys"]);
-    let sum = dir.path().join("summary.json");
-    let script = r#"b="$1"; shift; "$b" "$@"; sleep 4"#;
-    let mut m = Mounted::start_in(
-        dir,
-        lower.clone(),
-        mnt,
-        MountOpts {
-            args: vec!["--summary-file".into(), sum.display().to_string()],
-            lower_cmd: vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                script.into(),
-                "sh".into(),
-                bin("bucketfs").display().to_string(),
-                "--bucket".into(),
-                bucket.display().to_string(),
-                "--mountpoint".into(),
-                "{lower}".into(),
-            ],
-            no_wait: false,
-        },
-    );
-    let table = mountinfo_of("self");
-    let lower_mount = top_at(&table, &lower).expect("the lower's mount");
-    assert!(lower_mount.is_fuse(), "{lower_mount:?}");
-    let minor: u32 = lower_mount
-        .devno
-        .split(':')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-
-    m.proc.signal(Signal::SIGTERM);
-    assert!(
-        wait_until(Duration::from_secs(5), || mount_id_at(&lower)
-            != Some(lower_mount.id)),
-        "drainfs did not unmount the lower:\n{}",
-        m.proc.stderr_text()
-    );
-    // The kernel hands out the lowest free number: mount until one of ours has the lower's.
-    let mut held = Vec::new();
-    let heir = (0..64).find_map(|i| {
-        let at = decoys.join(i.to_string());
-        std::fs::create_dir(&at).unwrap();
-        let b = BareFuse::mount(&at);
-        let hit = b.minor == minor;
-        held.push(b);
-        hit.then(|| held.len() - 1)
-    });
-    let heir = heir.unwrap_or_else(|| {
-        panic!(
-            "no new mount got connection number {minor} (taken elsewhere first): {:?}",
-            held.iter().map(|b| b.minor).collect::<Vec<_>>()
-        )
-    });
-    let st = m.proc.wait_exit(Duration::from_secs(30), "drainfs");
-    assert!(
-        held[heir].connected(),
-        "the new mount with number {minor} was aborted by drainfs:\n{}",
-        m.proc.stderr_text()
-    );
-    let s = summary(&sum);
-    assert_eq!(
-        s["lower_unmount"],
-        "drainfs",
-        "{s}\n{}",
-        m.proc.stderr_text()
-    );
-    assert_eq!(
-        st.code(),
-        Some(s["exit_code"].as_i64().unwrap() as i32),
-        "{s}"
-    );
 }
