@@ -39,6 +39,15 @@ use std::time::{Duration, Instant};
 
 use crate::process::Lines;
 
+/// Writes a line to this process's stderr itself, past libtest's output capture (a thread
+/// spawned from a test inherits that test's capture, which is lost when the process exits).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// What one record names.
 enum Item {
     /// A started process and its stderr lines.
@@ -202,7 +211,7 @@ fn watchdog() {
         for key in reg.keys.values_mut() {
             match key.cut {
                 None if now.duration_since(key.started) > bound => {
-                    eprintln!(
+                    say!(
                         "\nfuse-tests bound: {} outlived its bound of {bound:?}: cutting it off",
                         key.name
                     );
@@ -219,14 +228,14 @@ fn watchdog() {
         if give_up || ended_after_cut {
             for key in reg.keys.values_mut() {
                 if key.cut.is_none() {
-                    eprintln!(
+                    say!(
                         "fuse-tests bound: also stopping {} (the test process ends)",
                         key.name
                     );
                     cut(key);
                 }
             }
-            eprintln!("fuse-tests bound: a test outlived its bound; the test process exits 101");
+            say!("fuse-tests bound: a test outlived its bound; the test process exits 101");
             std::process::exit(101);
         }
     }
@@ -262,7 +271,7 @@ fn cut(key: &mut Key) {
     for m in fuse_mounts_under(&dirs) {
         let aborted = abort_connection(&m);
         let _ = nix::mount::umount2(&m.path, nix::mount::MntFlags::MNT_DETACH);
-        eprintln!(
+        say!(
             "fuse-tests bound: {}: {} (connection {}) {}, detached",
             key.name,
             m.path.display(),
@@ -277,11 +286,11 @@ fn cut(key: &mut Key) {
     for &p in &all {
         crate::process::send(p, nix::sys::signal::Signal::SIGKILL);
     }
-    eprintln!("fuse-tests bound: {}: SIGKILLed {all:?}", key.name);
+    say!("fuse-tests bound: {}: SIGKILLed {all:?}", key.name);
     for i in key.items.values() {
         if let Item::Pid(p, lines) = i {
             let text = lines.lock().map(|l| l.join("\n")).unwrap_or_default();
-            eprintln!("fuse-tests bound: {}: stderr of {p}:\n{text}", key.name);
+            say!("fuse-tests bound: {}: stderr of {p}:\n{text}", key.name);
         }
     }
 }

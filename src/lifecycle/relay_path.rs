@@ -29,6 +29,10 @@ use crate::{mount, procs};
 /// rest of the daemon's replies and its end-of-stream.
 const RELAY_SETTLE: Duration = Duration::from_secs(1);
 
+/// How long, after that, the notifier may take to finish the notification the kernel holds
+/// ([`RelayPath::end_notifications`]).
+const NOTIFIER_END: Duration = Duration::from_secs(1);
+
 /// Where waiting for the daemon's INIT stands after an engine event.
 enum InitWait {
     /// INIT went through: the relay serves.
@@ -138,6 +142,7 @@ impl DataPath for RelayPath {
     async fn teardown(mut self, ex: &mut Executor, ending: Ending) -> ExitCode {
         self.stop(ex, ending_name(ending)).await;
         self.settle().await;
+        self.end_notifications(ex).await;
         let lost = self.relay.lost_writes();
         if !lost.is_empty() {
             ex.record.notes.push(format!(
@@ -297,6 +302,23 @@ impl RelayPath {
         self.relay.stop();
         ex.record.timings.unmounted_ms = ex.ms_since_trigger();
         ex.stop_lower(why).await;
+    }
+
+    /// Ends the notifier while the pump still answers requests ([`Relay::end_notifications`],
+    /// at most [`NOTIFIER_END`]): a notifier left blocked in the kernel would keep drainfs
+    /// from ever finishing its exit, and so keep the connection's requests unanswered. When it
+    /// does not end in time, the summary says so.
+    async fn end_notifications(&self, ex: &mut Executor) {
+        let relay = std::sync::Arc::clone(&self.relay);
+        let ended = blocking(move || relay.end_notifications(NOTIFIER_END)).await;
+        if !ended {
+            tracing::error!(
+                "relay: a notification is still held by the kernel; drainfs may not finish exiting until its request is answered"
+            );
+            ex.record.notes.push(format!(
+                "a notification to the kernel was still blocked {NOTIFIER_END:?} after the daemon exited"
+            ));
+        }
     }
 
     /// Once the daemon's process has exited: waits (at most [`RELAY_SETTLE`]) until the pump

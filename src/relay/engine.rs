@@ -158,8 +158,13 @@ pub struct Relay {
     lost_writes: Mutex<Vec<String>>,
     /// The errno the daemon answered INIT with (0: it did not refuse INIT).
     init_refused: AtomicI32,
-    /// The notifier's queue (dropped when the pump ends, which ends the notifier).
+    /// The notifier's queue (dropped when the pump ends, or by [`Relay::end_notifications`],
+    /// which ends the notifier).
     notify_tx: Mutex<Option<SyncSender<Vec<u8>>>>,
+    /// Set by [`Relay::end_notifications`]: the notifier drops what is still queued.
+    notify_discard: AtomicBool,
+    /// Set by the notifier thread as it ends.
+    notifier_done: AtomicBool,
     on_event: OnEvent,
 }
 
@@ -216,6 +221,8 @@ impl Relay {
             lost_writes: Mutex::new(Vec::new()),
             init_refused: AtomicI32::new(0),
             notify_tx: Mutex::new(Some(notify_tx)),
+            notify_discard: AtomicBool::new(false),
+            notifier_done: AtomicBool::new(false),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);

@@ -691,3 +691,35 @@ fn an_open_answered_enosys_gets_a_handle_of_the_relay() {
     assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
     assert_eq!(h.relay.counters().opens_answered, 1);
 }
+
+/// A notifier held in a write (here: the stand-in kernel's socket is full; in the kernel: a
+/// folio a READ holds) is waited for by `end_notifications`, and what is still queued is then
+/// dropped instead of written: drainfs never exits with its notifier inside the kernel.
+#[test]
+fn end_notifications_waits_for_the_write_in_progress_and_drops_the_rest() {
+    let h = start();
+    let sent = 2000;
+    for _ in 0..sent {
+        send(h.d(), &reply(0, 3, &[0; 24]));
+    }
+    // The stand-in kernel reads nothing yet: the notifier's write is held.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !h.relay.end_notifications(Duration::from_millis(200)),
+        "the notifier cannot have ended while its write is held"
+    );
+    // The kernel takes what was written; the held write completes, the rest is dropped.
+    let mut got = 0;
+    while recv_within(&h.kernel, Duration::from_millis(300)).is_some_and(|m| !m.is_empty()) {
+        got += 1;
+    }
+    assert!(h.relay.end_notifications(T), "the notifier did not end");
+    let c = h.relay.counters();
+    assert!(got < sent, "every notification was written ({got})");
+    assert_eq!(
+        c.notifications + c.notifications_dropped,
+        sent as u64,
+        "{c:?}"
+    );
+    assert!(c.notifications_dropped > 0, "{c:?}");
+}
