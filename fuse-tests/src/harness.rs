@@ -9,7 +9,7 @@
 //! Every test that mounts runs under [`crate::bound`]: what it starts through [`Proc`] and the
 //! directories it mounts in ([`scratch_dir`], the topologies' mountpoints, temporary
 //! directories named in a started process's arguments) are recorded, and past the bound
-//! (300 s, `DRAINFS_TEST_BOUND`) its FUSE connections are aborted, its processes killed and
+//! (420 s, `DRAINFS_TEST_BOUND`) its FUSE connections are aborted, its processes killed and
 //! the test process fails. A new test gets that by starting its processes with [`Proc`] and
 //! making its directories with [`scratch_dir`] (or `tempfile`'s defaults). A test that needs
 //! machine-wide state (connection numbers, the whole mount table, fusectl) goes in
