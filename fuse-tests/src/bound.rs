@@ -178,7 +178,8 @@ pub fn own_args<'a>(args: impl IntoIterator<Item = &'a std::ffi::OsStr>) {
         let s = a.to_string_lossy();
         // `--opt=/tmp/x/y`, `fd=3,lowerdir=/tmp/...`: every absolute path inside.
         for part in s.split(['=', ',', ':']) {
-            if let Some(root) = temp_root(Path::new(part)) {
+            // A file there (the suite's ports counter) is no directory of the test's.
+            if let Some(root) = temp_root(Path::new(part)).filter(|r| r.is_dir()) {
                 own_dir(&root);
             }
         }
