@@ -20,3 +20,4 @@ pub mod process;
 pub mod relay;
 pub mod stack;
 pub mod wait;
+pub mod wedge;
