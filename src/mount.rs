@@ -306,7 +306,16 @@ pub fn check_existing_mount(m: &MountInfo, flag: &str, shown: &Path) -> Result<(
 /// flag, the path and the fix.
 fn existing_dir(path: &Path, flag: &str) -> Result<PathBuf, Preflight> {
     let shown = path.display();
-    match std::fs::metadata(path) {
+    // A FUSE mount there whose daemon is hung would never answer the stat.
+    let p = path.to_path_buf();
+    let Some(md) = probe::within(probe::PROBE_LIMIT, move || std::fs::metadata(p)) else {
+        return Err(Preflight(format!(
+            "{flag} {shown}: does not answer within {:?} (a FUSE mount whose daemon is hung?); \
+             stop that daemon, or remove the mount with `drainfs cleanup --force {shown}`",
+            probe::PROBE_LIMIT
+        )));
+    };
+    match md {
         Ok(m) if m.is_dir() => Ok(absolute(path)),
         Ok(_) => Err(Preflight(format!("{flag} {shown}: not a directory"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Preflight(format!(
@@ -332,8 +341,18 @@ pub fn repair_if_dead(path: &Path, what: &str) {
     let abs = absolute(path);
     for _ in 0..8 {
         let Some(m) = mount_at(&abs) else { return };
-        if !m.is_fuse() || !is_dead(&abs) {
+        if !m.is_fuse() {
             return;
+        }
+        // Only a mount that answers ENOTCONN is dead; one that does not answer at all has a
+        // live (hung) daemon and is left alone (the checks that follow refuse it).
+        match probe::statfs_within(&abs, probe::PROBE_LIMIT) {
+            probe::Answer::Dead => {}
+            probe::Answer::Alive => return,
+            probe::Answer::Silent => {
+                tracing::warn!(path = %abs.display(), fstype = %m.fstype, mount_id = m.id, "{what} is a FUSE mount that does not answer: not touching it");
+                return;
+            }
         }
         tracing::warn!(path = %abs.display(), fstype = %m.fstype, mount_id = m.id, "{what} is a dead FUSE mount left by a killed process: detaching it");
         abort_mount(&m);
@@ -641,6 +660,7 @@ pub fn mount_fuse(
 
 pub mod connection;
 pub use connection::{Connection, abort_fuse_connection, abort_mount};
+pub mod probe;
 pub mod users;
 
 #[cfg(test)]

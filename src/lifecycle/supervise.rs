@@ -52,7 +52,18 @@ impl Executor {
                 self.lower.mount = mount::fuse_mount_above(&lower_path, None);
                 self.lower.connection = self.lower.mount.as_ref().and_then(mount::Connection::of);
                 let p = lower_path.clone();
-                let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
+                let limit = self.cfg.lifecycle.lower_ready_timeout;
+                let answered = tokio::time::timeout(
+                    limit,
+                    blocking(move || std::fs::metadata(&p).map(|_| ())),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {limit:?}"),
+                    ))
+                });
                 if let Err(e) = answered {
                     tracing::error!(lower = %lower_path.display(), error = %e, "the lower does not answer");
                     self.on_event(Event::Trigger(Cause::LowerDied {
@@ -74,14 +85,25 @@ impl Executor {
         before: Option<u64>,
     ) -> Option<ExitCode> {
         let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
+        // The lower's first statfs, on a helper (one at a time): a lower that mounted and
+        // then hangs must not stop this loop from watching its process, the triggers and
+        // the ready timeout.
+        let mut answers: Option<tokio::sync::oneshot::Receiver<bool>> = None;
         loop {
-            if let Some(m) = mount::fuse_mount_above(lower_path, before)
-                && !mount::is_dead(lower_path)
-            {
-                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
-                self.lower.connection = mount::Connection::of(&m);
-                self.lower.mount = Some(m);
-                return None;
+            if let Some(m) = mount::fuse_mount_above(lower_path, before) {
+                let rx = answers.get_or_insert_with(|| dead_probe(lower_path));
+                match tokio::time::timeout(Duration::from_millis(20), rx).await {
+                    Ok(Ok(false)) => {
+                        tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                        self.lower.connection = mount::Connection::of(&m);
+                        self.lower.mount = Some(m);
+                        return None;
+                    }
+                    // Dead (or the helper is gone): ask again.
+                    Ok(_) => answers = None,
+                    // No answer yet: keep waiting for it.
+                    Err(_) => {}
+                }
             }
             if let Some(st) = self.lower.exited() {
                 let tail = self.lower.tail();
@@ -152,7 +174,11 @@ impl Executor {
         if self.lower.watched() {
             self.record.lower_unmount = Some(LowerUnmount::Removed);
         }
-        let exited = self.lower.exited().is_some() || !self.lower.watched();
+        // A lower SIGKILLed that has not been reaped (asleep in the kernel: its connection
+        // lives on, and a statfs would wait on it) is as good as gone.
+        let exited = self.lower.exited().is_some()
+            || !self.lower.watched()
+            || self.record.lower_stop == Some(LowerStop::Killed);
         let res = self
             .bounded(
                 |b| b.lower_kill.max(Duration::from_millis(100)),
@@ -523,6 +549,17 @@ impl Executor {
             self.record.raise = Some(*sig);
         }
     }
+}
+
+/// Starts `statfs(path)` on a helper thread; the receiver gets whether the mount is dead
+/// ([`mount::is_dead`]).
+fn dead_probe(path: &Path) -> tokio::sync::oneshot::Receiver<bool> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(mount::is_dead(&p));
+    });
+    rx
 }
 
 /// What [`wait_for_no_writer`] waited for before the lower had no writer but drainfs.
