@@ -439,10 +439,10 @@ pub fn unmount(path: &Path, lazy: bool, timeout: Duration) -> Result<Unmounted, 
 
 /// Unmounts the mount `m`, identified by its mount ID: only when it is still the topmost
 /// mount at its mount point (checked before each action, since `umount2` and
-/// `fusermount3 -u` act on whatever is on top). Lazily with `umount2(MNT_DETACH)` first when
-/// `lazy` (as root), else with `fusermount3 -u` (`-z` when `lazy`), falling back to `umount2`
-/// (MNT_DETACH when lazy) for non-FUSE mounts or when fusermount3 refuses. `timeout` bounds the
-/// helper process.
+/// `fusermount3 -u` act on whatever is on top). With `umount2` first (MNT_DETACH when
+/// `lazy`); when that is refused with EPERM (no CAP_SYS_ADMIN) and the mount is FUSE, with
+/// `fusermount3 -u` (`-z` when `lazy`), then `umount2` once more. `timeout` bounds the helper
+/// process.
 ///
 /// Returns `NotMounted` when the ID is gone already, `Covered` (and does nothing) when another
 /// mount is on top of it.
@@ -466,17 +466,20 @@ pub fn unmount_mount(
     }
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| UnmountError::BadPath { path: path.clone() })?;
-    if lazy {
-        // As root a lazy detach is one syscall that never waits on the FUSE daemon: no helper
-        // process to spawn, which matters when the deadline leaves milliseconds.
-        // SAFETY: umount2 on a NUL-terminated path.
-        let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        if r == 0 && still_mounted(m).is_none() {
-            return Ok(done);
-        }
+    // As root an unmount is one syscall: no helper process to spawn (which matters when the
+    // deadline leaves milliseconds), and none that stats the mount point on the way (with a
+    // lower that no longer answers, `fusermount3 -u` of drainfs's own mount sat in that stat,
+    // through drainfs, until its timeout). Only when the syscall is refused (EPERM: no
+    // CAP_SYS_ADMIN) does `fusermount3` try.
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: umount2 on a NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), flags) };
+    let first = std::io::Error::last_os_error();
+    if r == 0 && still_mounted(m).is_none() {
+        return Ok(done);
     }
     let mut helper = String::new();
-    if m.is_fuse() {
+    if m.is_fuse() && r != 0 && first.raw_os_error() == Some(libc::EPERM) {
         if let Some(other) = not_on_top(m) {
             return Ok(other);
         }
@@ -497,7 +500,6 @@ pub fn unmount_mount(
     if let Some(other) = not_on_top(m) {
         return Ok(other);
     }
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: umount2 on a NUL-terminated path.
     let r = unsafe { libc::umount2(c.as_ptr(), flags) };
     let errno = std::io::Error::last_os_error();
