@@ -356,3 +356,47 @@ fn a_dead_mount_at_the_mountpoint_is_repaired_at_once() {
     assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
+
+/// The limit of what a deadline can do, pinned: a FUSE mount at `--mountpoint` whose daemon
+/// *takes* every request and never answers. drainfs's checks give up in time and it decides
+/// to exit 2 (its main thread exits within seconds), but the helper thread's `statfs` is a
+/// request in the daemon's hands, which the kernel waits out uninterruptibly: the process
+/// cannot finish exiting (a task in that sleep is not woken by the exit's SIGKILL) until the
+/// connection ends. Aborting it (what the test's wedge does by its own record) lets drainfs's
+/// exit complete at once, with status 2.
+#[test]
+fn a_request_a_hung_daemon_took_holds_the_process_exit_until_its_connection_ends() {
+    let _ctl = Fusectl::ensure();
+    let dir = fuse_tests::harness::scratch_dir("/tmp", "drainfs-hung-mp-");
+    let [lower, mnt] = fuse_tests::harness::make_dirs(dir.path(), ["lower", "mnt"]);
+    let w = WedgedFuse::mount(&mnt, Duration::from_secs(60));
+    w.hang();
+    let t0 = Instant::now();
+    let mut m = fuse_tests::harness::Mounted::start_in(
+        dir,
+        lower,
+        mnt.clone(),
+        fuse_tests::harness::MountOpts {
+            no_wait: true,
+            ..Default::default()
+        },
+    );
+    // Decided: its main thread has exited (a zombie) while a helper thread is left asleep.
+    let pid = m.proc.pid();
+    let decided = fuse_tests::wait::wait_until(Duration::from_secs(15), || {
+        let t = thread_states(pid);
+        t.contains(&(pid, 'Z')) && t.iter().any(|(_, s)| *s == 'D')
+    });
+    let decided_after = t0.elapsed();
+    let exited_before_abort = m.proc.wait_timeout(Duration::from_secs(2));
+    drop(w);
+    let st = m.proc.wait_timeout(Duration::from_secs(5));
+    let stderr = m.proc.stderr_text();
+    eprintln!(
+        "decided after {decided_after:?}; exited before the abort: {exited_before_abort:?}; after: {st:?}"
+    );
+    assert!(decided, "{stderr}");
+    assert!(decided_after < Duration::from_secs(10), "{decided_after:?}");
+    assert_eq!(exited_before_abort, None, "{stderr}");
+    assert_eq!(st.and_then(|s| s.code()), Some(2), "{stderr}");
+}
