@@ -3,7 +3,10 @@
 //! and it exits by itself; otherwise its stop signal, or for the relay's daemon the
 //! end-of-stream the relay sends; SIGKILL after its budget), judge how it
 //! ended ([`LowerStop`]), and remove its mount when it lingers, by mount ID only (never a
-//! volume's bind mount). Every wait is bounded ([`Executor::bounded`]).
+//! volume's bind mount). Every wait is bounded ([`Executor::bounded`]), and nothing here waits
+//! on what drainfs does not own: the lower's first `statfs` runs on a helper, the scan for
+//! writers on the lower reads other processes' `/proc` files with a deadline per process
+//! ([`users::scan`]); docs/blocking-calls.md lists every such call of the start and the stop.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -159,7 +159,10 @@ mod tests {
             .unwrap();
         }
         let found = scan::scan(&devno, scan::PER_PROCESS);
-        assert!(found.unanswered.is_empty(), "{found:?}");
+        // Other processes of the machine may not answer; these two must.
+        for c in [&reader, &writer] {
+            assert!(!found.unanswered.contains(&(c.id() as i32)), "{found:?}");
+        }
         let listed = found.writers;
         let has = |pid: u32| {
             listed
