@@ -410,3 +410,33 @@ fn a_request_a_hung_daemon_took_holds_the_process_exit_until_its_connection_ends
     assert_eq!(exited_before_abort, None, "{stderr}");
     assert_eq!(st.and_then(|s| s.code()), Some(2), "{stderr}");
 }
+
+/// The relay's own mount point (`run --relay --mountpoint`), with a FUSE mount there whose
+/// daemon never reads a request: its pre-flight gives up on it in time (exit 2) instead of
+/// waiting in `statfs` for ever; the daemon is never started.
+#[test]
+fn a_relay_mountpoint_whose_daemon_never_answers_is_refused_in_time() {
+    let _ctl = Fusectl::ensure();
+    let dir = fuse_tests::harness::scratch_dir("/tmp", "drainfs-wedged-relay-");
+    let [mnt, bucket] = fuse_tests::harness::make_dirs(dir.path(), ["mnt", "bucket"]);
+    let bare = BareFuse::mount(&mnt);
+    let mut cmd = Command::new(fuse_tests::harness::bin("drainfs"));
+    cmd.args(["run", "--relay", "--mountpoint"])
+        .arg(&mnt)
+        .arg("--summary-file")
+        .arg(dir.path().join("summary.json"))
+        .arg("--")
+        .arg(fuse_tests::harness::bin("bucketfs"))
+        .arg("--bucket")
+        .arg(&bucket)
+        .args(["--mountpoint", "/dev/fd/3"])
+        .stdin(std::process::Stdio::null());
+    let t0 = Instant::now();
+    let mut p = fuse_tests::process::Proc::spawn(cmd);
+    let st = p.wait_timeout(Duration::from_secs(15));
+    let took = t0.elapsed();
+    let stderr = p.stderr_text();
+    drop(bare);
+    assert_eq!(st.and_then(|s| s.code()), Some(2), "{took:?}: {stderr}");
+    assert!(took < Duration::from_secs(10), "{took:?}: {stderr}");
+}
