@@ -58,6 +58,10 @@ fn stuck() {
 }
 
 fn main() {
+    // Dies with the test that started it, even if that test is killed before its cleanup
+    // (the wedge's connection ends with the test's /dev/fuse fd, which wakes it up to die).
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let args: Vec<String> = std::env::args().collect();
     let (mode, path) = (args[1].as_str(), &args[2]);
     match mode {
