@@ -1,8 +1,11 @@
 //! The bounded scan for writers: every process of drainfs's PID namespace is read
 //! ([`super::probe`]) on a helper thread, one process at a time, and a process whose `/proc`
-//! files do not answer within [`PER_PROCESS`] is given up on: it is *unanswered* (it may be
-//! a writer), the helper stays behind, asleep in its read (a killable sleep: it ends when the
-//! read returns or drainfs exits), and a fresh helper goes on with the processes left. A
+//! files do not answer within [`PER_PROCESS`] while the helper is asleep in the kernel (not
+//! runnable: waiting on the process's memory-map lock, say) is given up on: it is
+//! *unanswered* (it may be a writer), the helper stays behind, asleep in its read (a killable
+//! sleep: it ends when the read returns or drainfs exits), and a fresh helper goes on with the
+//! processes left. A helper that is only slow (runnable: a loaded or throttled CPU) gets up
+//! to [`SLOW_LIMIT`] times the deadline before it is given up too. A
 //! later scan does not read a process again while a helper is still asleep on it, and gives
 //! up on the rest at once once [`MAX_STUCK`] helpers are asleep.
 //!
@@ -21,6 +24,10 @@ use parking_lot::Mutex;
 /// healthy process answers in microseconds; a wait means its memory-map lock is held by a
 /// task that waits on something else (a wedged FUSE daemon).
 pub const PER_PROCESS: Duration = Duration::from_millis(250);
+
+/// How many times [`PER_PROCESS`] a helper that is runnable (slow, not stuck) may take on one
+/// process.
+pub const SLOW_LIMIT: u32 = 8;
 
 /// How many helpers may be asleep in a read at once (over every scan of the run); beyond
 /// that, a scan reads nothing and reports every process it has not read as unanswered.
@@ -142,10 +149,11 @@ impl ScanState {
         self.found.writers.extend(writer);
     }
 
-    /// What to do at `now`: give up the process being read once it took [`PER_PROCESS`]
-    /// (and start a fresh helper on the rest), or a helper that has been idle as long (it
-    /// died: the rest is unanswered).
-    pub fn next(&mut self, now: Instant) -> Next {
+    /// What to do at `now`: give up the process being read once it took [`PER_PROCESS`] and
+    /// the helper is `asleep` in the kernel (asked only then), or once it took [`SLOW_LIMIT`]
+    /// times as long anyway (and start a fresh helper on the rest); or give up the rest when
+    /// the helper has been idle as long (asleep or gone: it died).
+    pub fn next(&mut self, now: Instant, mut asleep: impl FnMut() -> bool) -> Next {
         if self.left.is_empty() {
             return Next::Done;
         }
@@ -153,6 +161,14 @@ impl ScanState {
             return Next::Start;
         }
         match (self.current, self.idle_since) {
+            (Some((_, since)), _)
+                if now >= since + self.per_process
+                    && now < since + self.per_process * SLOW_LIMIT
+                    && !asleep() =>
+            {
+                // Runnable: slow, not stuck. Look again soon.
+                Next::Wait(now + self.per_process / 5)
+            }
             (Some((pid, since)), _) if now >= since + self.per_process => {
                 self.left.retain(|p| *p != pid);
                 self.found.unanswered.push(pid);
@@ -166,6 +182,14 @@ impl ScanState {
                 }
             }
             (Some((_, since)), _) => Next::Wait(since + self.per_process),
+            (None, Some(since))
+                if now >= since + self.per_process
+                    && now < since + self.per_process * SLOW_LIMIT
+                    && !asleep() =>
+            {
+                // Between two processes and runnable: slow, not gone.
+                Next::Wait(now + self.per_process / 5)
+            }
             (None, Some(since)) if now >= since + self.per_process => {
                 self.give_up_rest();
                 Next::Done
@@ -189,6 +213,7 @@ impl ScanState {
 
 /// A helper's messages.
 enum Msg {
+    Thread(i32),
     Reading(i32),
     Answered(i32, Option<String>),
 }
@@ -225,6 +250,12 @@ fn helper(
         .name("writer-scan".into())
         .spawn(move || {
             let _flag = flag;
+            if tx
+                .send(Msg::Thread(nix::unistd::gettid().as_raw()))
+                .is_err()
+            {
+                return;
+            }
             for pid in pids {
                 if tx.send(Msg::Reading(pid)).is_err() {
                     return;
@@ -237,6 +268,18 @@ fn helper(
             }
         })?;
     Ok((rx, done))
+}
+
+/// Whether drainfs's thread `tid` is asleep in the kernel (any state but `R`, running or
+/// runnable), from `/proc/self/task/TID/stat` (which never waits: it is drainfs's own).
+fn thread_asleep(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|t| {
+            let rest = &t[t.rfind(')')? + 1..];
+            rest.split_whitespace().next().map(|s| s != "R")
+        })
+        .unwrap_or(true)
 }
 
 /// Scans every process of drainfs's PID namespace for writers on superblock `devno`
@@ -252,9 +295,11 @@ pub fn scan(devno: &str, per_process: Duration) -> Scan {
         per_process,
     );
     let mut rx: Option<(mpsc::Receiver<Msg>, Arc<AtomicBool>)> = None;
+    let mut tid = None;
     loop {
         let now = Instant::now();
-        match st.next(now) {
+        // A helper that has not reported its thread yet is starting: not asleep.
+        match st.next(now, || tid.is_some_and(thread_asleep)) {
             Next::Done => break,
             Next::Start => {
                 // The helper left behind on the process given up (if any) stays asleep.
@@ -268,6 +313,7 @@ pub fn scan(devno: &str, per_process: Duration) -> Scan {
                 match helper(st.left(), ids.clone(), devno.to_string()) {
                     Ok(h) => {
                         rx = Some(h);
+                        tid = None;
                         st.started_helper(Instant::now());
                     }
                     Err(_) => st.give_up_rest(),
@@ -279,6 +325,7 @@ pub fn scan(devno: &str, per_process: Duration) -> Scan {
                     continue;
                 };
                 match r.recv_timeout(until.saturating_duration_since(now)) {
+                    Ok(Msg::Thread(t)) => tid = Some(t),
                     Ok(Msg::Reading(pid)) => st.reading(pid, Instant::now()),
                     Ok(Msg::Answered(pid, w)) => st.answered(pid, w, Instant::now()),
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -304,14 +351,14 @@ mod tests {
     fn every_process_answering_is_no_writer_or_the_writers() {
         let t0 = Instant::now();
         let mut st = ScanState::new(vec![1, 2], |_| false, P);
-        assert_eq!(st.next(t0), Next::Start);
+        assert_eq!(st.next(t0, || true), Next::Start);
         st.started_helper(t0);
-        assert_eq!(st.next(t0), Next::Wait(t0 + P));
+        assert_eq!(st.next(t0, || true), Next::Wait(t0 + P));
         st.reading(1, t0);
         st.answered(1, None, t0);
         st.reading(2, t0);
         st.answered(2, Some("2 w".into()), t0);
-        assert_eq!(st.next(t0), Next::Done);
+        assert_eq!(st.next(t0, || true), Next::Done);
         let s = st.finish();
         assert_eq!(s.verdict(), Verdict::Writers(vec!["2 w".into()]));
         let st = ScanState::new(vec![], |_| false, P);
@@ -322,21 +369,21 @@ mod tests {
     fn a_process_that_does_not_answer_is_given_up_and_the_rest_read_by_a_new_helper() {
         let t0 = Instant::now();
         let mut st = ScanState::new(vec![1, 2, 3], |_| false, P);
-        assert_eq!(st.next(t0), Next::Start);
+        assert_eq!(st.next(t0, || true), Next::Start);
         st.started_helper(t0);
         st.reading(1, t0);
         st.answered(1, None, t0);
         let t1 = t0 + Duration::from_millis(1);
         st.reading(2, t1);
         // Still within its time: wait until exactly its deadline.
-        assert_eq!(st.next(t1 + P / 2), Next::Wait(t1 + P));
-        assert_eq!(st.next(t1 + P), Next::Start);
+        assert_eq!(st.next(t1 + P / 2, || true), Next::Wait(t1 + P));
+        assert_eq!(st.next(t1 + P, || true), Next::Start);
         assert_eq!(st.given_up(), Some(2));
         assert_eq!(st.left(), vec![3]);
         st.started_helper(t1 + P);
         st.reading(3, t1 + P);
         st.answered(3, None, t1 + P);
-        assert_eq!(st.next(t1 + P), Next::Done);
+        assert_eq!(st.next(t1 + P, || true), Next::Done);
         assert_eq!(st.finish().verdict(), Verdict::Unknown(vec![2]));
     }
 
@@ -348,7 +395,7 @@ mod tests {
         st.started_helper(t0);
         st.reading(6, t0);
         st.answered(6, Some("6 w".into()), t0);
-        assert_eq!(st.next(t0), Next::Done);
+        assert_eq!(st.next(t0, || true), Next::Done);
         let s = st.finish();
         assert_eq!(s.unanswered, vec![5]);
         assert_eq!(s.verdict(), Verdict::Writers(vec!["6 w".into()]));
@@ -360,21 +407,56 @@ mod tests {
         let mut st = ScanState::new(vec![1], |_| false, P);
         st.started_helper(t0);
         st.reading(1, t0);
-        assert_eq!(st.next(t0 + P), Next::Done);
+        assert_eq!(st.next(t0 + P, || true), Next::Done);
         assert_eq!(st.finish().unanswered, vec![1]);
         // A helper that never reports (it could not start reading): idle for the deadline.
         let mut st = ScanState::new(vec![1, 2], |_| false, P);
         st.started_helper(t0);
-        assert_eq!(st.next(t0 + P / 2), Next::Wait(t0 + P));
-        assert_eq!(st.next(t0 + P), Next::Done);
+        assert_eq!(st.next(t0 + P / 2, || true), Next::Wait(t0 + P));
+        assert_eq!(st.next(t0 + P, || true), Next::Done);
         assert_eq!(st.finish().verdict(), Verdict::Unknown(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_slow_helper_gets_more_time_and_a_stuck_one_does_not() {
+        let t0 = Instant::now();
+        let mut st = ScanState::new(vec![1, 2], |_| false, P);
+        st.started_helper(t0);
+        st.reading(1, t0);
+        // Past the deadline but runnable: look again in a fifth of it.
+        assert_eq!(st.next(t0 + P, || false), Next::Wait(t0 + P + P / 5));
+        assert_eq!(
+            st.next(t0 + 3 * P, || false),
+            Next::Wait(t0 + 3 * P + P / 5)
+        );
+        // Runnable for SLOW_LIMIT deadlines: given up all the same.
+        assert_eq!(st.next(t0 + P * SLOW_LIMIT, || false), Next::Start);
+        assert_eq!(st.given_up(), Some(1));
+        // Asleep in the kernel at the deadline: given up at once.
+        let mut st = ScanState::new(vec![1, 2], |_| false, P);
+        st.started_helper(t0);
+        st.reading(1, t0);
+        let mut asked = false;
+        assert_eq!(
+            st.next(t0 + P / 2, || {
+                asked = true;
+                false
+            }),
+            Next::Wait(t0 + P)
+        );
+        assert!(
+            !asked,
+            "the helper's state is asked only once the deadline passed"
+        );
+        assert_eq!(st.next(t0 + P, || true), Next::Start);
+        assert_eq!(st.finish().unanswered, vec![1]);
     }
 
     #[test]
     fn too_many_helpers_asleep_gives_up_everything_left() {
         let mut st = ScanState::new(vec![1, 2, 3], |_| false, P);
         st.give_up_rest();
-        assert_eq!(st.next(Instant::now()), Next::Done);
+        assert_eq!(st.next(Instant::now(), || true), Next::Done);
         assert_eq!(st.finish().unanswered, vec![1, 2, 3]);
     }
 }
