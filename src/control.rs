@@ -252,7 +252,17 @@ pub fn cleanup(paths: &[PathBuf], force: bool) -> i32 {
                 println!("{}: {} mount, not FUSE; left alone", p.display(), m.fstype);
                 break;
             }
-            let dead = mount::is_dead(&abs);
+            let answer = mount::probe::statfs_within(&abs, mount::probe::PROBE_LIMIT);
+            if answer == mount::probe::Answer::Silent && !force {
+                println!(
+                    "{}: {} mount that does not answer (a hung daemon); left alone (use --force to detach it)",
+                    p.display(),
+                    m.fstype
+                );
+                code = ExitCode::Failed.code();
+                break;
+            }
+            let dead = answer == mount::probe::Answer::Dead;
             if !dead && !force {
                 println!(
                     "{}: live {} mount; left alone (use --force to unmount it)",
@@ -264,7 +274,9 @@ pub fn cleanup(paths: &[PathBuf], force: bool) -> i32 {
             if dead {
                 mount::abort_fuse_connection(&abs);
             }
-            match mount::unmount(&abs, dead, Duration::from_secs(10))
+            // A silent mount (forced) is detached at once: a normal unmount would wait on it.
+            let lazy = dead || answer == mount::probe::Answer::Silent;
+            match mount::unmount(&abs, lazy, Duration::from_secs(10))
                 .or_else(|_| mount::unmount(&abs, true, Duration::from_secs(10)))
             {
                 Ok(how) => println!(
@@ -284,7 +296,13 @@ pub fn cleanup(paths: &[PathBuf], force: bool) -> i32 {
                 break;
             }
         }
-        if code == 0 && mount::mount_at(&abs).is_none() && std::fs::metadata(&abs).is_err() {
+        let usable = || {
+            let a = abs.clone();
+            mount::probe::within(mount::probe::PROBE_LIMIT, move || {
+                std::fs::metadata(a).is_ok()
+            }) == Some(true)
+        };
+        if code == 0 && mount::mount_at(&abs).is_none() && !usable() {
             eprintln!("drainfs cleanup: {} is still not usable", p.display());
             code = ExitCode::Failed.code();
         }

@@ -306,7 +306,16 @@ pub fn check_existing_mount(m: &MountInfo, flag: &str, shown: &Path) -> Result<(
 /// flag, the path and the fix.
 fn existing_dir(path: &Path, flag: &str) -> Result<PathBuf, Preflight> {
     let shown = path.display();
-    match std::fs::metadata(path) {
+    // A FUSE mount there whose daemon is hung would never answer the stat.
+    let p = path.to_path_buf();
+    let Some(md) = probe::within(probe::PROBE_LIMIT, move || std::fs::metadata(p)) else {
+        return Err(Preflight(format!(
+            "{flag} {shown}: does not answer within {:?} (a FUSE mount whose daemon is hung?); \
+             stop that daemon, or remove the mount with `drainfs cleanup --force {shown}`",
+            probe::PROBE_LIMIT
+        )));
+    };
+    match md {
         Ok(m) if m.is_dir() => Ok(absolute(path)),
         Ok(_) => Err(Preflight(format!("{flag} {shown}: not a directory"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Preflight(format!(
@@ -332,8 +341,18 @@ pub fn repair_if_dead(path: &Path, what: &str) {
     let abs = absolute(path);
     for _ in 0..8 {
         let Some(m) = mount_at(&abs) else { return };
-        if !m.is_fuse() || !is_dead(&abs) {
+        if !m.is_fuse() {
             return;
+        }
+        // Only a mount that answers ENOTCONN is dead; one that does not answer at all has a
+        // live (hung) daemon and is left alone (the checks that follow refuse it).
+        match probe::statfs_within(&abs, probe::PROBE_LIMIT) {
+            probe::Answer::Dead => {}
+            probe::Answer::Alive => return,
+            probe::Answer::Silent => {
+                tracing::warn!(path = %abs.display(), fstype = %m.fstype, mount_id = m.id, "{what} is a FUSE mount that does not answer: not touching it");
+                return;
+            }
         }
         tracing::warn!(path = %abs.display(), fstype = %m.fstype, mount_id = m.id, "{what} is a dead FUSE mount left by a killed process: detaching it");
         abort_mount(&m);
@@ -420,10 +439,10 @@ pub fn unmount(path: &Path, lazy: bool, timeout: Duration) -> Result<Unmounted, 
 
 /// Unmounts the mount `m`, identified by its mount ID: only when it is still the topmost
 /// mount at its mount point (checked before each action, since `umount2` and
-/// `fusermount3 -u` act on whatever is on top). Lazily with `umount2(MNT_DETACH)` first when
-/// `lazy` (as root), else with `fusermount3 -u` (`-z` when `lazy`), falling back to `umount2`
-/// (MNT_DETACH when lazy) for non-FUSE mounts or when fusermount3 refuses. `timeout` bounds the
-/// helper process.
+/// `fusermount3 -u` act on whatever is on top). With `umount2` first (MNT_DETACH when
+/// `lazy`); when that is refused with EPERM (no CAP_SYS_ADMIN) and the mount is FUSE, with
+/// `fusermount3 -u` (`-z` when `lazy`), then `umount2` once more. `timeout` bounds the helper
+/// process.
 ///
 /// Returns `NotMounted` when the ID is gone already, `Covered` (and does nothing) when another
 /// mount is on top of it.
@@ -447,17 +466,20 @@ pub fn unmount_mount(
     }
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| UnmountError::BadPath { path: path.clone() })?;
-    if lazy {
-        // As root a lazy detach is one syscall that never waits on the FUSE daemon: no helper
-        // process to spawn, which matters when the deadline leaves milliseconds.
-        // SAFETY: umount2 on a NUL-terminated path.
-        let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        if r == 0 && still_mounted(m).is_none() {
-            return Ok(done);
-        }
+    // As root an unmount is one syscall: no helper process to spawn (which matters when the
+    // deadline leaves milliseconds), and none that stats the mount point on the way (with a
+    // lower that no longer answers, `fusermount3 -u` of drainfs's own mount sat in that stat,
+    // through drainfs, until its timeout). Only when the syscall is refused (EPERM: no
+    // CAP_SYS_ADMIN) does `fusermount3` try.
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: umount2 on a NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), flags) };
+    let first = std::io::Error::last_os_error();
+    if r == 0 && still_mounted(m).is_none() {
+        return Ok(done);
     }
     let mut helper = String::new();
-    if m.is_fuse() {
+    if m.is_fuse() && r != 0 && first.raw_os_error() == Some(libc::EPERM) {
         if let Some(other) = not_on_top(m) {
             return Ok(other);
         }
@@ -478,7 +500,6 @@ pub fn unmount_mount(
     if let Some(other) = not_on_top(m) {
         return Ok(other);
     }
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: umount2 on a NUL-terminated path.
     let r = unsafe { libc::umount2(c.as_ptr(), flags) };
     let errno = std::io::Error::last_os_error();
@@ -641,6 +662,7 @@ pub fn mount_fuse(
 
 pub mod connection;
 pub use connection::{Connection, abort_fuse_connection, abort_mount};
+pub mod probe;
 pub mod users;
 
 #[cfg(test)]

@@ -136,10 +136,18 @@ fn run_lifecycle(
 /// a killed predecessor is repaired first), not already a mount. Returns it absolute.
 fn relay_preflight(mp: &std::path::Path) -> Result<std::path::PathBuf, String> {
     mount::repair_if_dead(mp, "--mountpoint");
-    match std::fs::metadata(mp) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!("--mountpoint {}: not a directory", mp.display())),
-        Err(e) => return Err(format!("--mountpoint {}: {e}", mp.display())),
+    let p = mp.to_path_buf();
+    let limit = mount::probe::PROBE_LIMIT;
+    match mount::probe::within(limit, move || std::fs::metadata(p)) {
+        Some(Ok(m)) if m.is_dir() => {}
+        Some(Ok(_)) => return Err(format!("--mountpoint {}: not a directory", mp.display())),
+        Some(Err(e)) => return Err(format!("--mountpoint {}: {e}", mp.display())),
+        None => {
+            return Err(format!(
+                "--mountpoint {}: does not answer within {limit:?} (a FUSE mount whose daemon is hung?)",
+                mp.display()
+            ));
+        }
     }
     let abs = mount::absolute(mp);
     if let Some(m) = mount::mount_at(&abs) {

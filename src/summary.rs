@@ -129,6 +129,11 @@ pub struct Summary {
     pub data_path: &'static str,
     /// The relay's INIT caps, socket buffers and counters (relay only).
     pub relay: Option<RelayStatus>,
+    /// Processes (pids, at most 20) whose `/proc` files did not answer drainfs's scan for
+    /// writers on the lower within its deadline when last scanned: each may have been
+    /// writing, so the lower's connection was not ended under them (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unanswered_pids: Vec<i32>,
 }
 
 /// What the lifecycle's executor recorded of one run, as it happened: the facts of the stop
@@ -159,6 +164,8 @@ pub struct Record {
     pub raise: Option<nix::sys::signal::Signal>,
     /// Anything else worth knowing, in order.
     pub notes: Vec<String>,
+    /// Processes that did not answer the last scan for writers on the lower (at most 20).
+    pub unanswered_pids: Vec<i32>,
 }
 
 impl Record {
@@ -216,6 +223,7 @@ impl Summary {
             notes: record.notes.clone(),
             data_path,
             relay,
+            unanswered_pids: record.unanswered_pids.clone(),
         }
     }
 }
@@ -438,6 +446,7 @@ mod tests {
             notes: vec![],
             data_path: "relay",
             relay: None,
+            unanswered_pids: Vec::new(),
         }
     }
 
@@ -555,6 +564,7 @@ mod tests {
             notes: vec![],
             data_path: "mount",
             relay: None,
+            unanswered_pids: Vec::new(),
         };
         let t = for_termination_log(&s);
         assert!(t.len() <= TERMINATION_LOG_CAP);

@@ -6,17 +6,20 @@
 //! Exit files are watched with inotify on their parent directories **plus an initial scan**,
 //! so a file created before drainfs started still counts (the GKE layout
 //! `/gcsfuse-tmp/.volumes/exit` is written by the node driver, possibly early). A parent that
-//! does not exist yet is re-checked every 500 ms until it does.
+//! does not exist yet is re-checked every 500 ms until it does. The watcher runs on a thread
+//! of its own, off the lifecycle's runtime (its path lookups could wait on a mount that does
+//! not answer; see docs/blocking-calls.md).
 //! The watched process is followed through a pidfd (`pidfd_open(2)`), which becomes readable
 //! when the process exits, without polling and without being its parent.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use inotify::{Inotify, WatchMask};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -39,11 +42,16 @@ pub fn start(cfg: &LifecycleConfig, tx: UnboundedSender<Event>) {
     if !cfg.exit_files.is_empty() {
         let files = cfg.exit_files.clone();
         let tx = tx.clone();
-        tokio::spawn(async move {
-            if let Err(e) = watch_exit_files(files, tx).await {
-                tracing::error!(error = %e, "exit-file watcher failed");
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("exit-files".into())
+            .spawn(move || {
+                if let Err(e) = watch_exit_files(files, tx) {
+                    tracing::error!(error = %e, "exit-file watcher failed");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the exit-file watcher");
+        }
     }
     if let Some(pid) = cfg.watch_pid {
         tokio::spawn(async move {
@@ -62,7 +70,11 @@ fn absolute(p: &PathBuf) -> PathBuf {
     }
 }
 
-async fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> std::io::Result<()> {
+/// Watches the exit files (see the module's doc) on the calling thread, blocking, until one
+/// appears. Runs on a thread of its own: its path lookups and `stat`s of the exit files'
+/// directories would otherwise hold the lifecycle's runtime if those directories were on a
+/// mount that does not answer.
+fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> std::io::Result<()> {
     let files: Vec<PathBuf> = files.iter().map(absolute).collect();
     let mut inotify = Inotify::init()?;
     // parent dir -> names watched in it
@@ -77,64 +89,77 @@ async fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> st
             .push((name.to_os_string(), f.clone()));
     }
     let mut by_wd = HashMap::new();
-    let mut pending: Vec<PathBuf> = Vec::new();
-    for dir in wanted.keys() {
-        match inotify.watches().add(
-            dir,
-            WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE,
-        ) {
-            Ok(wd) => {
-                by_wd.insert(wd, dir.clone());
-            }
-            Err(_) => pending.push(dir.clone()),
-        }
-    }
+    let mut pending = add_watches(&mut inotify, wanted.keys().cloned().collect(), &mut by_wd);
     // Initial scan, after the watches exist, so nothing created in between is missed.
     if let Some(f) = files.iter().find(|f| f.exists()) {
         tracing::info!(path = %f.display(), "exit file already present");
         let _ = tx.send(Event::Trigger(Cause::ExitFile { path: f.clone() }));
         return Ok(());
     }
-    // SAFETY: `inotify` owns this fd and outlives `afd` (declared after it, dropped before).
-    let afd = unsafe { AsyncFd::register_with_interest(inotify.as_raw_fd(), Interest::READABLE) }
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut buf = [0u8; 4096];
     loop {
-        tokio::select! {
-            guard = afd.readable() => {
-                let mut guard = guard?;
-                match inotify.read_events(&mut buf) {
-                    Ok(events) => {
-                        for ev in events {
-                            let Some(dir) = by_wd.get(&ev.wd) else { continue };
-                            let Some(name) = ev.name else { continue };
-                            if let Some((_, full)) = wanted.get(dir).and_then(|v| v.iter().find(|(n, _)| n == name)) {
-                                tracing::info!(path = %full.display(), "exit file appeared");
-                                let _ = tx.send(Event::Trigger(Cause::ExitFile { path: full.clone() }));
-                                return Ok(());
-                            }
+        let timeout = if pending.is_empty() {
+            PollTimeout::NONE
+        } else {
+            PollTimeout::from(500u16)
+        };
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+        let ready = match poll(&mut fds, timeout) {
+            Ok(n) => n > 0,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if ready {
+            match inotify.read_events(&mut buf) {
+                Ok(events) => {
+                    for ev in events {
+                        let Some(dir) = by_wd.get(&ev.wd) else {
+                            continue;
+                        };
+                        let Some(name) = ev.name else { continue };
+                        if let Some((_, full)) = wanted
+                            .get(dir)
+                            .and_then(|v| v.iter().find(|(n, _)| n == name))
+                        {
+                            tracing::info!(path = %full.display(), "exit file appeared");
+                            let _ = tx.send(Event::Trigger(Cause::ExitFile { path: full.clone() }));
+                            return Ok(());
                         }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
-                    Err(e) => return Err(e),
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
             }
-            _ = tokio::time::sleep(Duration::from_millis(500)), if !pending.is_empty() => {
-                let mut still = Vec::new();
-                for dir in pending.drain(..) {
-                    match inotify.watches().add(&dir, WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE) {
-                        Ok(wd) => { by_wd.insert(wd, dir.clone()); }
-                        Err(_) => still.push(dir),
-                    }
-                }
-                pending = still;
-                if let Some(f) = files.iter().find(|f| f.exists()) {
-                    let _ = tx.send(Event::Trigger(Cause::ExitFile { path: f.clone() }));
-                    return Ok(());
-                }
-            }
+            continue;
+        }
+        pending = add_watches(&mut inotify, pending, &mut by_wd);
+        if let Some(f) = files.iter().find(|f| f.exists()) {
+            let _ = tx.send(Event::Trigger(Cause::ExitFile { path: f.clone() }));
+            return Ok(());
         }
     }
+}
+
+/// Watches each of `dirs` (recording it in `by_wd`); returns those that cannot be watched yet
+/// (missing).
+fn add_watches(
+    inotify: &mut Inotify,
+    dirs: Vec<PathBuf>,
+    by_wd: &mut HashMap<inotify::WatchDescriptor, PathBuf>,
+) -> Vec<PathBuf> {
+    let mut still = Vec::new();
+    for dir in dirs {
+        match inotify.watches().add(
+            &dir,
+            WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE,
+        ) {
+            Ok(wd) => {
+                by_wd.insert(wd, dir);
+            }
+            Err(_) => still.push(dir),
+        }
+    }
+    still
 }
 
 /// Resolves when process `pid` has exited (immediately if it does not exist). Uses a pidfd;

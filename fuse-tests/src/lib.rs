@@ -23,3 +23,4 @@ pub mod process;
 pub mod relay;
 pub mod stack;
 pub mod wait;
+pub mod wedge;

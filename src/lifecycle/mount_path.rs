@@ -26,6 +26,9 @@ use crate::fs::{Admission, CoreConfig, Fs};
 use crate::fuse::{DrainFs, InitInfo};
 use crate::mount;
 
+/// How long opening the core on the lower (an open and an fstat of its root) may take.
+const OPEN_CORE_LIMIT: Duration = Duration::from_secs(10);
+
 /// The mount as served: its core, its session and how to end it.
 pub(super) struct MountPath {
     core: Arc<Fs>,
@@ -113,18 +116,24 @@ impl DataPath for MountPath {
 /// Opens the core on the lower. `Err(69)` (the lower stopped) when the lower cannot be
 /// opened.
 async fn open_core(ex: &mut Executor) -> Result<Arc<Fs>, ExitCode> {
-    let core = Fs::new(
-        &ex.cfg.fs.lower,
-        CoreConfig {
-            max_lower_fds: ex
-                .cfg
-                .fs
-                .max_lower_fds
-                .unwrap_or_else(super::default_fd_budget),
-        },
-        Arc::clone(&ex.acct),
-        Arc::clone(&ex.admission),
-    );
+    let lower = ex.cfg.fs.lower.clone();
+    let cfg = CoreConfig {
+        max_lower_fds: ex
+            .cfg
+            .fs
+            .max_lower_fds
+            .unwrap_or_else(super::default_fd_budget),
+    };
+    let (acct, admission) = (Arc::clone(&ex.acct), Arc::clone(&ex.admission));
+    // The open and fstat of the lower's root go to its daemon: on a helper, bounded, so a
+    // lower that hangs right after mounting does not hold the lifecycle.
+    let limit = ex.cfg.lifecycle.lower_ready_timeout.min(OPEN_CORE_LIMIT);
+    let core = tokio::time::timeout(
+        limit,
+        blocking(move || Fs::new(&lower, cfg, acct, admission).map_err(|e| e.to_string())),
+    )
+    .await
+    .unwrap_or_else(|_| Err(format!("the lower's root did not answer within {limit:?}")));
     match core {
         Ok(c) => Ok(Arc::new(c)),
         Err(e) => {

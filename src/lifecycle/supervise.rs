@@ -3,7 +3,10 @@
 //! and it exits by itself; otherwise its stop signal, or for the relay's daemon the
 //! end-of-stream the relay sends; SIGKILL after its budget), judge how it
 //! ended ([`LowerStop`]), and remove its mount when it lingers, by mount ID only (never a
-//! volume's bind mount). Every wait is bounded ([`Executor::bounded`]).
+//! volume's bind mount). Every wait is bounded ([`Executor::bounded`]), and nothing here waits
+//! on what drainfs does not own: the lower's first `statfs` runs on a helper, the scan for
+//! writers on the lower reads other processes' `/proc` files with a deadline per process
+//! ([`users::scan`]); docs/blocking-calls.md lists every such call of the start and the stop.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,6 +19,7 @@ use super::lower::{Lower, clean_stop, spawn_lower};
 use super::{Event, blocking};
 use crate::config::LowerProcess;
 use crate::drain::{Cause, ExitCode, Forced, LowerStop, Observation, Phase, Step};
+use crate::mount::users::{self, scan::Verdict};
 use crate::summary::LowerUnmount;
 use crate::{mount, procs};
 
@@ -51,7 +55,18 @@ impl Executor {
                 self.lower.mount = mount::fuse_mount_above(&lower_path, None);
                 self.lower.connection = self.lower.mount.as_ref().and_then(mount::Connection::of);
                 let p = lower_path.clone();
-                let answered = blocking(move || std::fs::metadata(&p).map(|_| ())).await;
+                let limit = self.cfg.lifecycle.lower_ready_timeout;
+                let answered = tokio::time::timeout(
+                    limit,
+                    blocking(move || std::fs::metadata(&p).map(|_| ())),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {limit:?}"),
+                    ))
+                });
                 if let Err(e) = answered {
                     tracing::error!(lower = %lower_path.display(), error = %e, "the lower does not answer");
                     self.on_event(Event::Trigger(Cause::LowerDied {
@@ -73,14 +88,25 @@ impl Executor {
         before: Option<u64>,
     ) -> Option<ExitCode> {
         let deadline = Instant::now() + self.cfg.lifecycle.lower_ready_timeout;
+        // The lower's first statfs, on a helper (one at a time): a lower that mounted and
+        // then hangs must not stop this loop from watching its process, the triggers and
+        // the ready timeout.
+        let mut answers: Option<tokio::sync::oneshot::Receiver<bool>> = None;
         loop {
-            if let Some(m) = mount::fuse_mount_above(lower_path, before)
-                && !mount::is_dead(lower_path)
-            {
-                tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
-                self.lower.connection = mount::Connection::of(&m);
-                self.lower.mount = Some(m);
-                return None;
+            if let Some(m) = mount::fuse_mount_above(lower_path, before) {
+                let rx = answers.get_or_insert_with(|| dead_probe(lower_path));
+                match tokio::time::timeout(Duration::from_millis(20), rx).await {
+                    Ok(Ok(false)) => {
+                        tracing::info!(lower = %lower_path.display(), fstype = %m.fstype, mount_id = m.id, "the lower is mounted");
+                        self.lower.connection = mount::Connection::of(&m);
+                        self.lower.mount = Some(m);
+                        return None;
+                    }
+                    // Dead (or the helper is gone): ask again.
+                    Ok(_) => answers = None,
+                    // No answer yet: keep waiting for it.
+                    Err(_) => {}
+                }
             }
             if let Some(st) = self.lower.exited() {
                 let tail = self.lower.tail();
@@ -151,7 +177,11 @@ impl Executor {
         if self.lower.watched() {
             self.record.lower_unmount = Some(LowerUnmount::Removed);
         }
-        let exited = self.lower.exited().is_some() || !self.lower.watched();
+        // A lower SIGKILLed that has not been reaped (asleep in the kernel: its connection
+        // lives on, and a statfs would wait on it) is as good as gone.
+        let exited = self.lower.exited().is_some()
+            || !self.lower.watched()
+            || self.record.lower_stop == Some(LowerStop::Killed);
         let res = self
             .bounded(
                 |b| b.lower_kill.max(Duration::from_millis(100)),
@@ -323,7 +353,9 @@ impl Executor {
     /// the lower's FUSE connection (its read of `/dev/fuse` returns ENODEV) lets it stop
     /// cleanly instead of waiting for a SIGKILL, but only once no process writes on the lower
     /// directly: a writer that is not drainfs's would lose what it has not closed. While one
-    /// does, drainfs waits (the lower's stop budget, then SIGKILL: exit 75). The connection is
+    /// does, or a process does not answer the scan in time (it may be a writer: its `/proc`
+    /// files block, see [`users::scan`]), drainfs waits (the lower's stop budget, then
+    /// SIGKILL: exit 75, with the unanswered pids in the summary). The connection is
     /// the one seen when the lower came up ([`mount::Connection`]): its abort reaches the
     /// superblock wherever it is mounted, and once it has ended (drainfs's unmount took it)
     /// nothing is aborted, whoever has its number now; drainfs just waits for the process.
@@ -343,22 +375,8 @@ impl Executor {
             tracing::info!(lower = %m.mount_point.display(), "the lower's FUSE connection has ended but its process has not exited: waiting for it");
             return self.bounded(|b| b.lower_stop, wait).await;
         }
-        let devno = m.devno.clone();
-        let no_writers = async move {
-            let mut noted = false;
-            loop {
-                let d = devno.clone();
-                let w = blocking(move || mount::users::writers(&d)).await;
-                if w.is_empty() {
-                    return noted;
-                }
-                if !noted {
-                    tracing::warn!(lower = %m.mount_point.display(), writers = ?w, "processes write on the lower directly (not through drainfs): not ending its connection under them");
-                    noted = true;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
+        let last = std::sync::Arc::new(parking_lot::Mutex::new(None::<Verdict>));
+        let no_writers = wait_for_no_writer(m, std::sync::Arc::clone(&last));
         let first = self
             .bounded(|b| b.lower_stop, async {
                 tokio::select! {
@@ -369,14 +387,23 @@ impl Executor {
             .await;
         match first {
             None => {
-                self.record.notes.push("processes wrote on the lower directly (not through drainfs) until the lower's stop budget ran out: their files may be incomplete".into());
+                let last = last.lock().take();
+                self.note_writers_at_budget(last);
                 return None;
             }
             Some(Err(st)) => return Some(st),
-            Some(Ok(true)) => self.record.notes.push(
-                "processes wrote on the lower directly (not through drainfs); drainfs waited for them before ending the lower's connection".into(),
-            ),
-            Some(Ok(false)) => {}
+            Some(Ok(waited)) => {
+                if waited.writers {
+                    self.record.notes.push(
+                        "processes wrote on the lower directly (not through drainfs); drainfs waited for them before ending the lower's connection".into(),
+                    );
+                }
+                if waited.unanswered {
+                    self.record.notes.push(
+                        "processes did not answer drainfs's scan for writers on the lower for a while; drainfs waited until they did before ending the lower's connection".into(),
+                    );
+                }
+            }
         }
         self.abort_lower_connection().await;
         let wait = self.lower.wait();
@@ -410,6 +437,27 @@ impl Executor {
         }
         if !under.is_empty() {
             self.note_mounts_under_lower(&under);
+        }
+    }
+
+    /// The lower's stop budget ran out while drainfs waited for the lower to have no writer
+    /// but its own: notes why, from the last scan's verdict. A scan some processes did not
+    /// answer is not "no writer": the connection was not ended under them, their pids go to
+    /// the summary, and the SIGKILL that follows makes the exit 75.
+    fn note_writers_at_budget(&mut self, last: Option<Verdict>) {
+        match last {
+            Some(Verdict::Unknown(pids)) => {
+                self.record.unanswered_pids = pids.iter().copied().take(20).collect();
+                self.record.notes.push(format!(
+                    "drainfs could not tell whether {} process(es) write on the lower directly: their /proc files did not answer within {} ms (stuck on something else, see unanswered_pids); the lower's connection was not ended under them, so its files may be incomplete",
+                    pids.len(),
+                    users::scan::PER_PROCESS.as_millis()
+                ));
+            }
+            Some(Verdict::Writers(_)) => self.record.notes.push("processes wrote on the lower directly (not through drainfs) until the lower's stop budget ran out: their files may be incomplete".into()),
+            Some(Verdict::NoWriter) | None => self.record.notes.push(
+                "the scan for writers on the lower did not finish within the lower's stop budget: a writer may exist, so the lower's connection was not ended".into(),
+            ),
         }
     }
 
@@ -503,5 +551,57 @@ impl Executor {
         {
             self.record.raise = Some(*sig);
         }
+    }
+}
+
+/// Starts `statfs(path)` on a helper thread; the receiver gets whether the mount is dead
+/// ([`mount::is_dead`]).
+fn dead_probe(path: &Path) -> tokio::sync::oneshot::Receiver<bool> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(mount::is_dead(&p));
+    });
+    rx
+}
+
+/// What [`wait_for_no_writer`] waited for before the lower had no writer but drainfs.
+#[derive(Debug, Default, Clone, Copy)]
+struct Waited {
+    /// Processes wrote on the lower.
+    writers: bool,
+    /// Processes did not answer the scan (each a possible writer).
+    unanswered: bool,
+}
+
+/// Scans for writers on the lower's superblock (mount `m`) every 50 ms, each scan on a
+/// helper thread and bounded per process ([`users::scan`]), until a scan finds none and every
+/// process answered; `last` holds the latest verdict. Logs each kind of wait once.
+async fn wait_for_no_writer(
+    m: mount::MountInfo,
+    last: std::sync::Arc<parking_lot::Mutex<Option<Verdict>>>,
+) -> Waited {
+    let mut waited = Waited::default();
+    loop {
+        let d = m.devno.clone();
+        let verdict =
+            blocking(move || users::scan::scan(&d, users::scan::PER_PROCESS).verdict()).await;
+        *last.lock() = Some(verdict.clone());
+        match verdict {
+            Verdict::NoWriter => return waited,
+            Verdict::Writers(w) => {
+                if !waited.writers {
+                    tracing::warn!(lower = %m.mount_point.display(), writers = ?w, "processes write on the lower directly (not through drainfs): not ending its connection under them");
+                }
+                waited.writers = true;
+            }
+            Verdict::Unknown(pids) => {
+                if !waited.unanswered {
+                    tracing::warn!(lower = %m.mount_point.display(), pids = ?pids, "processes do not answer the scan for writers on the lower (their /proc files block): each may be a writer, so not ending its connection");
+                }
+                waited.unanswered = true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

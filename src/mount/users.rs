@@ -3,10 +3,18 @@
 //! `stat` of a path on it, which would wait on its daemon). drainfs asks this before it
 //! ends a lower's connection: a writer that is not drainfs (a process working on the lower
 //! directly) would lose what it has not closed yet.
+//!
+//! Reading another process's `/proc` files can block on that process (its memory-map lock,
+//! see [`probe`]), and any process of drainfs's PID namespace may be stuck on a wedged FUSE
+//! mount drainfs does not own. So the scan ([`scan::scan`]) reads each process on a helper
+//! thread with a deadline, and a process that does not answer in time is reported as
+//! *unanswered*: it may be a writer, and the caller treats it as one.
 
 use std::path::Path;
 
 use super::MountInfo;
+
+pub mod scan;
 
 /// The mounts of the superblock `devno` (`major:minor`, mountinfo's field 3) in `table`: the
 /// lower's own mount and any bind mount of it.
@@ -27,39 +35,53 @@ pub fn children_of(table: &[MountInfo], id: u64) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-/// The processes (as `pid comm`) that hold a file of superblock `devno` open for writing, or
-/// map one shared and writable, read from `/proc` (`fdinfo`'s `mnt_id` and `flags`, `maps`'s
-/// device). Processes that vanish while being read are skipped.
-pub fn writers(devno: &str) -> Vec<String> {
-    let ids = mounts_of(&super::mounts(), devno);
+/// Whether the process `pid` holds a file of the mounts `ids` open for writing, or maps one
+/// of superblock `devno` shared and writable: `Some("pid comm")` when it does, `None` when it
+/// does not or has gone. Reads only `/proc/PID` (never a path on any mounted file system):
+///
+/// - `fd/N` is read as a link first, and `fdinfo/N` only for an fd whose link is a path
+///   (a file on a file system: sockets, pipes and anonymous inodes are skipped): an epoll's
+///   or inotify's `fdinfo` takes that object's mutex, which a thread of the process can hold
+///   while it waits on a wedged FUSE daemon (`epoll_ctl` polls the file it adds), and a
+///   reader of it would sleep uninterruptibly;
+/// - `maps` takes the process's memory-map lock (killably): a process with a thread stuck
+///   in a page fault on a wedged FUSE mount, and another waiting to change its map, blocks
+///   it. [`scan::scan`] bounds this with a deadline per process; `probe` itself may block.
+pub fn probe(pid: i32, ids: &[u64], devno: &str) -> Option<String> {
+    let dir = Path::new("/proc").join(pid.to_string());
+    if writes_through_fds(&dir, ids) || maps_shared_writable(&dir, devno) {
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        return Some(format!("{pid} {}", comm.trim()));
+    }
+    None
+}
+
+/// The processes of this PID namespace, by pid, from `/proc` (the directory listing takes no
+/// lock of any process).
+pub fn pids() -> Vec<i32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut found = Vec::new();
-    for p in procs.flatten() {
-        let name = p.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let dir = p.path();
-        if writes_through_fds(&dir, &ids) || maps_shared_writable(&dir, devno) {
-            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-            found.push(format!("{pid} {}", comm.trim()));
-        }
-    }
-    found
+    procs
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
 }
 
 /// Whether an fd of the process at `dir` is open for writing on one of the mounts `ids`.
 fn writes_through_fds(dir: &Path, ids: &[u64]) -> bool {
-    let Ok(fds) = std::fs::read_dir(dir.join("fdinfo")) else {
+    let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
         return false;
     };
     fds.flatten().any(|fd| {
-        let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        // A file on a file system has a path; skip everything else before its fdinfo.
+        let is_file = std::fs::read_link(fd.path())
+            .is_ok_and(|l| l.as_os_str().as_encoded_bytes().first() == Some(&b'/'));
+        if !is_file {
+            return false;
+        }
+        let text =
+            std::fs::read_to_string(dir.join("fdinfo").join(fd.file_name())).unwrap_or_default();
         let field = |key: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(key))
@@ -136,7 +158,12 @@ mod tests {
             )
             .unwrap();
         }
-        let listed = writers(&devno);
+        let found = scan::scan(&devno, scan::PER_PROCESS);
+        // Other processes of the machine may not answer; these two must.
+        for c in [&reader, &writer] {
+            assert!(!found.unanswered.contains(&(c.id() as i32)), "{found:?}");
+        }
+        let listed = found.writers;
         let has = |pid: u32| {
             listed
                 .iter()
