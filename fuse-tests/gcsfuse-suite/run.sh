@@ -32,14 +32,27 @@ bash "$repo/scripts/install-lowers.sh" >/dev/null
 suite_root=$(bash "$suite_here/build.sh")
 bench_workdir drainfs-gcsfuse-suite
 
-# Before lib.sh's cleanup: a mount under the work dir that a plain unmount cannot remove (its
-# daemon hung or gone) gets its own FUSE connection aborted (the device number of that very
-# mount, read from mountinfo), so the lazy unmount that follows leaves no process blocked.
+# Before lib.sh's cleanup (which stops the processes and lazily unmounts what is left): stop
+# the driver (its own cleanup stops each stack the way it stops), then the processes it
+# started (by PID, only while their command line names the work dir, as lib.sh does), then a
+# mount under the work dir that a plain unmount cannot remove (its daemon hung or gone) gets
+# its own FUSE connection aborted (the device number of that very mount, from mountinfo), so
+# that lib.sh's lazy unmount leaves no process blocked on it.
 suite_cleanup() {
-    local rc=$? m dev
+    local rc=$? m dev pid
+    set +e  # the cleanup runs to its end whatever fails in it
     if [[ -n $py_pid ]] && kill -0 "$py_pid" 2>/dev/null; then
         kill -TERM "$py_pid" 2>/dev/null || true
-        for _ in $(seq 150); do kill -0 "$py_pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 300); do kill -0 "$py_pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    if [[ -f $work/pids ]]; then
+        while read -r pid; do
+            if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' </proc/"$pid"/cmdline | grep -qF "$work/"; then
+                kill -TERM "$pid" 2>/dev/null || true
+                for _ in $(seq 80); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
+                [[ -d /proc/$pid ]] && kill -KILL "$pid" 2>/dev/null || true
+            fi
+        done <"$work/pids"
     fi
     for m in $(bench_mounts_under); do
         timeout 20 fusermount3 -u "$m" 2>/dev/null && continue
