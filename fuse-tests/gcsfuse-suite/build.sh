@@ -5,12 +5,15 @@
 # unauthenticated storage clients of fake-gcs-server when STORAGE_EMULATOR_HOST is set), then
 # `go test -c` per package with the machine's Go (GOTOOLCHAIN=local, CGO_ENABLED=0).
 #
-# Run as root. Idempotent and cached: a no-op when the stamp (version, patch, Go version,
-# packages) matches; concurrent runs wait on a lock. Prints the root on success:
-#   $ROOT/src/                                  the patched module (tests run from its package dirs)
-#   $ROOT/bin/<package>.test                    the test binaries
-#   $ROOT/stamp
-# ROOT is $DRAINFS_GCSFUSE_SUITE_ROOT, default ${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/gcsfuse-suite.
+# Run as root. Idempotent and cached: a no-op when a build with the same stamp (version, patch,
+# Go version, packages) exists; concurrent builds wait on $ROOT/.lock. Prints the build's
+# directory on success, $ROOT/v-<hash of the stamp>/:
+#   src/                   the patched module (tests run from its package dirs)
+#   bin/<package>.test     the test binaries
+#   stamp
+#   .inuse                 run.sh holds a shared flock on it while it runs the tests
+# A build is never changed once made; other builds are removed only when nobody holds their
+# .inuse. ROOT is $DRAINFS_GCSFUSE_SUITE_ROOT, default ${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/gcsfuse-suite.
 set -euo pipefail
 
 VERSION=3.11.2
@@ -38,18 +41,33 @@ exec 9>"$ROOT/.lock"
 flock -w 1800 9 || die "could not lock $ROOT/.lock within 1800 s"
 
 STAMP="gcsfuse v$VERSION; patch $(sha256sum "$PATCH" | cut -d' ' -f1); $GO_VER; ${PACKAGES[*]}"
+V="$ROOT/v-$(printf '%s' "$STAMP" | sha256sum | cut -c1-12)"
 have_all() {
     local p
-    [ -d "$ROOT/src/tools/integration_tests" ] || return 1
-    for p in "${PACKAGES[@]}"; do [ -x "$ROOT/bin/$p.test" ] || return 1; done
+    [ "$(cat "$V/stamp" 2>/dev/null)" = "$STAMP" ] && [ -d "$V/src/tools/integration_tests" ] || return 1
+    for p in "${PACKAGES[@]}"; do [ -x "$V/bin/$p.test" ] || return 1; done
 }
-if [ "$(cat "$ROOT/stamp" 2>/dev/null)" = "$STAMP" ] && have_all; then
-    echo "$ROOT"
+# prune: other builds nobody is using (run.sh holds a shared lock on .inuse while it runs).
+prune() {
+    local d
+    for d in "$ROOT"/v-* "$ROOT"/src "$ROOT"/bin "$ROOT"/src.new "$ROOT"/bin.new; do
+        [ -e "$d" ] && [ "$d" != "$V" ] || continue
+        if [ -f "$d/.inuse" ]; then
+            ( flock -n -x 8 && rm -rf -- "$d" ) 8<"$d/.inuse" || true
+        else
+            rm -rf -- "$d"
+        fi
+    done
+    rm -f "$ROOT/stamp"
+}
+if have_all; then
+    prune
+    echo "$V"
     exit 0
 fi
 
 LOG="$(mktemp /tmp/gcsfuse-suite-build.XXXXXX.log)"
-trap 'rm -f "$LOG"' EXIT
+trap 'rm -f "$LOG"; rm -rf "$V.new"' EXIT
 run() {
     local what="$1"; shift
     if ! "$@" >"$LOG" 2>&1; then
@@ -58,23 +76,22 @@ run() {
     fi
 }
 
-rm -f "$ROOT/stamp"
 # Outside any module, so that `go mod download` only fetches (into the module cache).
 run "go mod download $MODULE@v$VERSION" sh -c 'cd / && go mod download -json "$1"' sh "$MODULE@v$VERSION"
 DIR="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["Dir"])' "$LOG")"
 [ -d "$DIR/tools/integration_tests" ] || die "$DIR has no tools/integration_tests"
 
-rm -rf "$ROOT/src.new" "$ROOT/bin.new"
-cp -a "$DIR" "$ROOT/src.new"
-chmod -R u+w "$ROOT/src.new"
-run "apply $PATCH" sh -c 'cd "$1" && patch -p1 --forward --batch <"$2"' sh "$ROOT/src.new" "$PATCH"
-mkdir -p "$ROOT/bin.new"
+rm -rf "$V.new" "$V"
+mkdir -p "$V.new/bin"
+cp -a "$DIR" "$V.new/src"
+chmod -R u+w "$V.new/src"
+run "apply $PATCH" sh -c 'cd "$1" && patch -p1 --forward --batch <"$2"' sh "$V.new/src" "$PATCH"
 for p in "${PACKAGES[@]}"; do
     run "go test -c ./tools/integration_tests/$p" \
-        sh -c 'cd "$1" && go test -c -o "$2" "./tools/integration_tests/$3"' sh "$ROOT/src.new" "$ROOT/bin.new/$p.test" "$p"
+        sh -c 'cd "$1" && go test -c -o "$2" "./tools/integration_tests/$3"' sh "$V.new/src" "$V.new/bin/$p.test" "$p"
 done
-rm -rf "$ROOT/src" "$ROOT/bin"
-mv "$ROOT/src.new" "$ROOT/src"
-mv "$ROOT/bin.new" "$ROOT/bin"
-echo "$STAMP" >"$ROOT/stamp"
-echo "$ROOT"
+: >"$V.new/.inuse"
+echo "$STAMP" >"$V.new/stamp"
+mv "$V.new" "$V"
+prune
+echo "$V"

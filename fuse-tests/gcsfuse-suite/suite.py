@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -124,6 +125,19 @@ def release(mountpoint, dev):
     subprocess.run(["umount", "-l", mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
     done.append("lazily unmounted" if not lowers.mountinfo_entry(mountpoint) else "STILL MOUNTED")
     return ", ".join(done)
+
+
+def drop_bucket(ctx, name):
+    """Deletes the bucket's objects and the bucket (the server keeps them in memory)."""
+    port, q = ctx.server["port"], urllib.parse.quote(name, safe="")
+    for _ in range(100):
+        status, body = lowers.http_request(port, "GET", f"/storage/v1/b/{q}/o?maxResults=1000")
+        items = json.loads(body).get("items", []) if status == 200 else []
+        for it in items:
+            lowers.http_request(port, "DELETE", f"/storage/v1/b/{q}/o/{urllib.parse.quote(it['name'], safe='')}")
+        if not items:
+            break
+    lowers.http_request(port, "DELETE", f"/storage/v1/b/{q}")
 
 
 def create_bucket(ctx, name):
@@ -265,6 +279,9 @@ class Target:
             what = f"had exited {p.returncode}"
         if p is not None:
             self.ctx.tracker.reaped(p.pid)
+        glog = os.path.join(self.dir, "gcsfuse.log")
+        if os.path.exists(glog):
+            shutil.copyfile(glog, os.path.join(self.ctx.logs, f"{self.name}.gcsfuse.log"))
         if self.lines:
             with open(self.log_path, "a") as f:
                 f.write("".join(f"fake-node-driver: {x}\n" for x in self.lines))
@@ -319,6 +336,8 @@ def run_binary(ctx, t, pkg, budget, skip, attempt):
                 m = RUN_RE.match(line)
                 if m:
                     running.add(m.group(2))
+                elif line.startswith("panic: test timed out after"):
+                    fired.set()  # -test.timeout: the tests still running timed out
             rc = p.wait(60)
         finally:
             timer.cancel()
@@ -357,7 +376,7 @@ def run_tests(ctx, t, pkg):
             results[name] = "timeout" if timed_out else "FAIL"
         left = every - {n for n in results if "/" not in n}
         if timed_out:
-            status = f"killed after {ctx.timeout} s"
+            status = f"timed out ({ctx.timeout} s budget)"
             break
         if rc == 0 or not left:
             break
@@ -392,6 +411,10 @@ def run_one(ctx, pkg, fi, flags, path):
         except BenchError as e:
             rec["stop"] = str(e)
             ctx.left_behind.append(str(e))
+        try:
+            drop_bucket(ctx, t.bucket)
+        except (OSError, ValueError) as e:
+            log(f"{t.key}: dropping bucket {t.bucket}: {e}")
     rec["seconds"] = round(time.monotonic() - t0, 1)
     n = {k: sum(1 for v in rec["tests"].values() if v == k) for k in ("pass", "FAIL", "skip")}
     log(f"{pkg} [{rec['flags']}] {path}: {n['pass']} pass, {n['FAIL']} fail, {n['skip']} skip"
