@@ -458,6 +458,8 @@ def verdicts(ctx, recs):
                     continue
                 if cells[p] == "error" and name != "(package)":
                     continue  # the run failed: its (package) row says so once
+                if cells[p] == "-" and ctx.interrupted:
+                    continue  # never ran: the run was interrupted
                 if p == "relay" and cells.get("sidecar") not in (None, "-", "n/a") and cells["sidecar"] not in good:
                     continue  # fails through the stock sidecar mounter too: not the relay's
                 regressions.append(f"{pkg} [{fl}] {name}: raw {cells['raw']}, {p} {cells[p]}")
@@ -546,7 +548,7 @@ def main():
     results = a.results or os.path.join(HERE, "results", time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if a.smoke else ""))
     os.makedirs(results, exist_ok=True)
     ctx.tracker = benchlib.Tracker(ctx.work)
-    ctx.left_behind = []
+    ctx.left_behind, ctx.interrupted = [], False
     recs, ok = [], True
     t0 = time.monotonic()
     try:
@@ -563,7 +565,7 @@ def main():
         ok = False
     except (KeyboardInterrupt, SystemExit):
         log("interrupted")
-        ok = False
+        ctx.interrupted, ok = True, False
     finally:
         try:
             lowers.stop(os.path.join(ctx.work, "lowers"))
@@ -574,7 +576,8 @@ def main():
     git = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip()
     errors = [f"{r['package']} [{r['flags']}] {r['path']}: {r['status']}" for r in recs
               if r["status"] and r["status"].startswith("error")]
-    verdict = "PARITY" if not regressions else (f"NO PARITY: {len(regressions)} result(s) (test, path) pass on raw gcsfuse "
+    verdict = "INTERRUPTED; so far: " if ctx.interrupted else ""
+    verdict += "PARITY" if not regressions else (f"NO PARITY: {len(regressions)} result(s) (test, path) pass on raw gcsfuse "
                                                     "but not on a drainfs path")
     out = [f"gcsfuse v3.11.2 integration tests (mounted-directory mode) over fake-gcs-server, "
            f"{'smoke' if a.smoke else 'full'}: {elapsed:.0f} s; {os.cpu_count()} CPUs; loadavg {benchlib.loadavg()}; "
