@@ -338,7 +338,7 @@ def run_binary(ctx, t, pkg, budget, skip, attempt):
                     running.add(m.group(2))
                 elif line.startswith("panic: test timed out after"):
                     fired.set()  # -test.timeout: the tests still running timed out
-            rc = p.wait(60)
+            p.wait(60)
         finally:
             timer.cancel()
             if p.poll() is None:
