@@ -6,7 +6,9 @@
 # rustfmt, clippy with -D warnings, the layout limits, rustdoc with -D warnings, unit tests,
 # the mount tests (which really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
 # images (static drainfs, built with umoci and run in runc in the pod's shape), and smoke runs
-# of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter).
+# of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter), and gcsfuse's own
+# integration tests as a parity test (fuse-tests/gcsfuse-suite/, test binaries built once from
+# the Go module proxy and cached).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -91,6 +93,9 @@ bash fuse-tests/bench/run.sh --smoke
 
 step "benchmark against the real gcsfuse and sidecar mounter, smoke mode"
 bash fuse-tests/bench/gcsfuse.sh --smoke --no-build
+
+step "gcsfuse v3.11.2's own integration tests as a parity test (raw gcsfuse, drainfs auto/never, relay), smoke mode"
+bash fuse-tests/gcsfuse-suite/run.sh --smoke --no-build
 
 leftover=$(comm -13 <(echo "$mounts_before") <(fuse_mounts))
 if [[ -n "$leftover" ]]; then
