@@ -1032,34 +1032,63 @@ fn a_notification_behind_a_read_that_never_ends_does_not_outlive_the_deadline() 
 /// writes parses as JSON with a `severity`, a clean stop's summary is `INFO`, and a stop that
 /// is not clean (a file still open for writing at the deadline, exit 75) is `ERROR`, so that a
 /// `severity>=ERROR` alert sees it. The sidecar's stdout is on `fake-node-driver`'s stderr.
-#[test]
-fn dropin_logs_json_with_cloud_logging_severity() {
+/// drainfs as the gcsfuse drop-in (a symlink named `gcsfuse`, bucketfs as the real gcsfuse)
+/// under `fake-node-driver`, with `env` added to the sidecar's environment; ready.
+fn dropin(env: &[(&str, &str)]) -> (tempfile::TempDir, fuse_tests::driver::NodeDriver) {
     use fuse_tests::driver::{NodeDriver, sidecar_dir};
     use fuse_tests::harness::{bin, scratch_dir};
+    let dir = scratch_dir("/tmp", "drainfs-dropin-");
+    let (mnt, store, bin_dir) = (
+        dir.path().join("mnt"),
+        dir.path().join("store"),
+        dir.path().join("bin"),
+    );
+    fs::create_dir(&mnt).unwrap();
+    sidecar_dir(&store);
+    fs::create_dir(&bin_dir).unwrap();
+    let gcsfuse = bin_dir.join("gcsfuse");
+    std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
+    let mut cmd = NodeDriver::command(&mnt);
+    cmd.env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
+        .env("DRAINFS_SOCKET_BUFFER", "212992")
+        .env_remove("DRAINFS_LOG_FORMAT")
+        .env_remove("DRAINFS_ADMIN_ADDR")
+        .envs(env.iter().copied())
+        .arg("--")
+        .arg(&gcsfuse)
+        .arg("--bucket")
+        .arg(&store)
+        .args(["--mountpoint", "/dev/fd/3"]);
+    let mut driver = NodeDriver::spawn(cmd, &mnt, "[dropin]", Duration::from_secs(10));
+    driver.wait_ready(Duration::from_secs(30));
+    driver.note_chain(2);
+    (dir, driver)
+}
+
+/// One relay runs per gcsfuse volume, all with the relay image's `DRAINFS_ADMIN_ADDR`: a relay
+/// that finds the address taken (another volume's relay, here a listener of the test's) logs a
+/// WARNING and serves its volume without an admin server, instead of failing the mount.
+#[test]
+fn dropin_runs_without_an_admin_server_when_its_address_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (dir, mut driver) = dropin(&[("DRAINFS_ADMIN_ADDR", addr.as_str())]);
+    write_file(&dir.path().join("mnt/f"), b"x").unwrap();
+    let ending = driver.stop(Duration::from_secs(15));
+    assert_eq!(ending.signal.as_deref(), Some("SIGTERM"), "{ending:?}");
+    let text = driver.stderr_text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("admin address in use") && l.contains("\"severity\":\"WARNING\"")),
+        "no WARNING about the taken admin address:\n{text}"
+    );
+}
+
+#[test]
+fn dropin_logs_json_with_cloud_logging_severity() {
     for incomplete in [false, true] {
-        let dir = scratch_dir("/tmp", "drainfs-dropin-");
-        let (mnt, store, bin_dir) = (
-            dir.path().join("mnt"),
-            dir.path().join("store"),
-            dir.path().join("bin"),
-        );
-        fs::create_dir(&mnt).unwrap();
-        sidecar_dir(&store);
-        fs::create_dir(&bin_dir).unwrap();
-        let gcsfuse = bin_dir.join("gcsfuse");
-        std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
-        let mut cmd = NodeDriver::command(&mnt);
-        cmd.env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
-            .env("DRAINFS_SOCKET_BUFFER", "212992")
-            .env_remove("DRAINFS_LOG_FORMAT")
-            .arg("--")
-            .arg(&gcsfuse)
-            .arg("--bucket")
-            .arg(&store)
-            .args(["--mountpoint", "/dev/fd/3"]);
-        let mut driver = NodeDriver::spawn(cmd, &mnt, "[dropin]", Duration::from_secs(10));
-        driver.wait_ready(Duration::from_secs(30));
-        driver.note_chain(2);
+        let (dir, mut driver) = dropin(&[]);
+        let mnt = dir.path().join("mnt");
         write_file(&mnt.join("done"), b"x").unwrap();
         let held = incomplete.then(|| {
             let mut f = File::create(mnt.join("held")).unwrap();
