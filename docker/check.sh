@@ -10,6 +10,11 @@
 #      control socket, termination log)
 #   5. shellcheck and a behavioural test of the application entrypoint wrapper used by the
 #      legacy-sidecar and Airflow manifests
+#   6. extract-drainfs-invocations.py --check-comments: every flag, DRAINFS_* variable, status
+#      path and claim in the manifests' comments agrees with the binary's --help (DRAINFS_BIN,
+#      default target/debug/drainfs) and the docs
+#   7. check-image-names.py: the relay image's names against GKE's node driver's own name checks
+#      (read from third_party/gcs-fuse-csi-driver)
 #   (every `drainfs run` invocation of the manifests passing `--check-config` is checked by
 #   the Rust test suite, fuse-tests/tests/manifests.rs, in a pod's volume directories)
 #
@@ -132,6 +137,25 @@ assert all("check_argv" in e for e in entries if e["subcommand"] == "run")
 PY
 else
   fail "extract-drainfs-invocations.py"
+fi
+
+# ------------------------------------------------------------------------------------------------
+step "manifest comments agree with the binary and the docs"
+DRAINFS="${DRAINFS_BIN:-$ROOT/target/debug/drainfs}"
+if [[ ! -x "$DRAINFS" ]]; then
+  fail "no drainfs binary at $DRAINFS (cargo build --bins, or set DRAINFS_BIN)"
+elif "${EXTRACT[@]}" --check-comments "$DRAINFS" "${MANIFESTS[@]}"; then
+  :
+else
+  fail "extract-drainfs-invocations.py --check-comments"
+fi
+
+# ------------------------------------------------------------------------------------------------
+step "relay image names against the GKE driver's own checks"
+if "$PYTHON" "$HERE/check-image-names.py"; then
+  :
+else
+  fail "check-image-names.py"
 fi
 
 # ------------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ Usage:
     docker/extract-drainfs-invocations.py [MANIFEST...]          # JSON on stdout
     docker/extract-drainfs-invocations.py --check [MANIFEST...]  # consistency checks, exit 1 on a problem
     docker/extract-drainfs-invocations.py --wrapper [MANIFEST...] # print the application entrypoint wrapper
+    docker/extract-drainfs-invocations.py --check-comments DRAINFS_BIN [MANIFEST...]
+        # every flag, DRAINFS_* variable, status path and claim in the comments agrees with the
+        # binary's --help and the docs (README.md, docs/)
 
 Without MANIFEST arguments, every *.yaml / *.yml under docker/k8s/ is read.
 
@@ -527,11 +530,124 @@ def wrapper_scripts(manifests: list[Path]) -> list[tuple[str, str]]:
     return found
 
 
+# --- what the manifests' comments claim ------------------------------------------------------
+# `--flags` a comment may name that are not drainfs's: the task's own flag in the Airflow
+# operator example, and Docker's in a build command.
+FOREIGN_COMMENT_FLAGS = {"--out", "--target"}
+# Variables a manifest may name that no `--help` lists: the drop-in's real gcsfuse, and the
+# image build's knob for the relay image's admin address.
+EXTRA_VARIABLES = {"DRAINFS_REAL_GCSFUSE", "DRAINFS_RELAY_ADMIN_ADDR"}
+STATUS_PATH = re.compile(
+    r"(initContainerStatuses|containerStatuses)\[\?\(@\.name==\s*\"([^\"]+)\"\)\]\s*((?:\.\s*\w+)+)"
+)
+
+
+def drainfs_help(binary: str) -> tuple[set[str], set[str]]:
+    """Every flag and every `[env: NAME=]` variable in the binary's `--help` texts."""
+    import subprocess
+
+    flags: set[str] = set()
+    env: set[str] = set()
+    top = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
+    subs = re.findall(r"^  ([a-z]+)\s{2,}", top.split("Commands:")[1].split("Options:")[0], re.M)
+    for sub in ["", *(s for s in subs if s != "help")]:
+        argv = [binary, *([sub] if sub else []), "--help"]
+        text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        flags |= set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+        env |= set(re.findall(r"\[env: (\w+)=", text))
+    return flags, env
+
+
+def comment_paragraphs(path: Path) -> list[tuple[str, str]]:
+    """The manifest's comments, one string per block of comment lines (`#` stripped), each with
+    the line of YAML that follows it (what the comment describes)."""
+    paras, cur = [], []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") or (" # " in line and not stripped.startswith("-")):
+            text = stripped.lstrip("#").strip() if stripped.startswith("#") else line.split(" # ", 1)[1]
+            if text:
+                cur.append(text)
+                continue
+        if cur:
+            paras.append((" ".join(cur), stripped))
+            cur = []
+    if cur:
+        paras.append((" ".join(cur), ""))
+    return paras
+
+
+def init_container_names(path: Path) -> set[str]:
+    names = set()
+    with path.open() as f:
+        for doc in yaml.safe_load_all(f):
+            for _label, _meta, spec in pod_specs(doc or {}):
+                names |= {c.get("name") for c in spec.get("initContainers") or []}
+    return names
+
+
+def check_status_paths(where: str, text: str, init_names: set[str] | None) -> list[str]:
+    """A termination message is read from `.state.terminated.message` (`lastState` is empty
+    after a container's first, normal stop), in the list its container is in."""
+    problems = []
+    for kind, name, path in STATUS_PATH.findall(text):
+        path = re.sub(r"\s+", "", path)
+        if path != ".state.terminated.message":
+            problems.append(f"{where}: {kind}[{name}]{path}: the summary is at .state.terminated.message")
+        if init_names is not None and (kind == "initContainerStatuses") != (name in init_names):
+            problems.append(f"{where}: {name} is read from {kind}, but it is "
+                            f"{'an init' if name in init_names else 'a regular'} container here")
+    return problems
+
+
+def check_comments(manifests: list[Path], binary: str) -> list[str]:
+    """Every flag, `DRAINFS_*` variable, status path and claim in the manifests' comments is
+    one the binary and the docs agree on."""
+    flags, env = drainfs_help(binary)
+    env |= EXTRA_VARIABLES
+    problems = []
+    for m in manifests:
+        rel = display(m)
+        text = m.read_text()
+        for var in sorted(set(re.findall(r"\bDRAINFS_[A-Z0-9_]+", text))):
+            if var not in env:
+                problems.append(f"{rel}: {var} is not a variable drainfs reads (no --help lists it)")
+        for para, described in comment_paragraphs(m):
+            for flag in sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", para))):
+                if flag not in flags and flag not in FOREIGN_COMMENT_FLAGS:
+                    problems.append(f"{rel}: a comment names {flag}, which is no drainfs flag")
+            for sentence in re.split(r"(?<=[.;])\s", para):
+                if "SIGINT" in sentence and "CAP_SYS_ADMIN" not in sentence:
+                    problems.append(f"{rel}: \"{sentence}\": drainfs sends gcsfuse SIGINT only "
+                                    "without CAP_SYS_ADMIN (as root it unmounts gcsfuse's mount)")
+                if (re.search(r"\bwait\b", sentence) or re.search(r"\bwait\b", described)) \
+                        and "exit 75" in sentence:
+                    problems.append(f"{rel}: \"{sentence}\": `drainfs wait` times out with 124")
+            if "/bin/sh" in para and ("drainfs run" in para or "exec drainfs" in para) \
+                    and "has no shell" not in para:
+                problems.append(f"{rel}: a comment runs drainfs under /bin/sh without saying "
+                                "the drainfs image has no shell")
+            if re.search(r"\bREADME\b", para):
+                problems.append(f"{rel}: a comment points to the README; the details are in docs/")
+            for doc in re.findall(r"\bdocs/[\w.-]+\.md", para):
+                if not (REPO_ROOT / doc).is_file():
+                    problems.append(f"{rel}: a comment points to {doc}, which does not exist")
+            names = init_container_names(m)
+            if uses_gke_managed_sidecar(m):
+                names.add("gke-gcsfuse-sidecar")
+            problems += check_status_paths(rel, para, names)
+    for doc in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        problems += check_status_paths(display(doc), doc.read_text(), None)
+    return problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="run the consistency checks")
     mode.add_argument("--wrapper", action="store_true", help="print the entrypoint wrapper script")
+    mode.add_argument("--check-comments", metavar="DRAINFS_BIN",
+                      help="check the comments' flags, variables, status paths and claims against the binary")
     ap.add_argument("manifests", nargs="*", type=Path)
     a = ap.parse_args()
     manifests = a.manifests or sorted(
@@ -545,6 +661,14 @@ def main() -> int:
                 print("no entrypoint wrapper found", file=sys.stderr)
                 return 1
             sys.stdout.write(wrappers[0][1])
+            return 0
+        if a.check_comments:
+            problems = check_comments(manifests, a.check_comments)
+            for p in problems:
+                print(f"error: {p}", file=sys.stderr)
+            if problems:
+                return 1
+            print(f"ok: the comments of {len(manifests)} manifests agree with {a.check_comments} --help and the docs")
             return 0
         if a.check:
             problems = check(entries, manifests)

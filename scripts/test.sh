@@ -3,7 +3,8 @@
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
 # fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
-# rustfmt, clippy with -D warnings, the layout limits, rustdoc with -D warnings, unit tests,
+# rustfmt, clippy with -D warnings, the layout limits, rustdoc with -D warnings, the docs' links
+# and commands, unit tests,
 # the mount tests (which really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
 # images (static drainfs, built with umoci and run in runc in the pod's shape), and smoke runs
 # of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter), and gcsfuse's own
@@ -65,6 +66,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "build"
 cargo build --workspace --bins --locked
+
+step "docs: relative links resolve, runnable commands run (scripts/check-docs.py)"
+DRAINFS_BIN="$PWD/target/debug/drainfs" python3 scripts/check-docs.py --self-test
+DRAINFS_BIN="$PWD/target/debug/drainfs" python3 scripts/check-docs.py
 
 step "cargo test (unit tests and real mounts)"
 # Two test threads: the machine has two cores and the mount tests start FUSE daemons.

@@ -25,7 +25,7 @@ const HEADING_RELAY: &str = "Relay";
 /// drainfs: a FUSE passthrough mount in front of gcsfuse that drains in-flight I/O before the
 /// sidecar exits.
 #[derive(Debug, Parser)]
-#[command(name = "drainfs", version, about, propagate_version = true)]
+#[command(name = "drainfs", version, about, propagate_version = true, after_help = DROPIN_HELP)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -37,12 +37,16 @@ pub struct Cli {
 pub enum Command {
     /// Mount a passthrough view of LOWER at MOUNTPOINT and serve it until a shutdown trigger;
     /// with `-- COMMAND...`, start the lower's process (e.g. gcsfuse) first and stop it last.
+    /// (`run --relay` is the self-mounted relay, for hosts without GKE's driver; on GKE use
+    /// `relay` or the gcsfuse drop-in.)
     Run(Box<RunArgs>),
     /// Relay an already-mounted FUSE connection (the one `/dev/fd/N` argument of COMMAND, as
     /// the GKE CSI driver passes it) to COMMAND over a socketpair given to it as `/dev/fd/3`;
     /// on a trigger, drain, stop COMMAND by closing its socket, and exit with the outcome (0
     /// clean, 69 COMMAND failed or died, 75 forced with work outstanding; a COMMAND killed by a
-    /// signal ends drainfs by the same signal).
+    /// signal ends drainfs by the same signal). Its deadline is `--grace-period`, 5 s by
+    /// default (GKE's sidecar mounter SIGKILLs 5 s after its SIGTERM). This is what the gcsfuse
+    /// drop-in runs (see the end of `drainfs --help`).
     Relay(Box<RelayArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
@@ -69,12 +73,13 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// Block until the mount serves (for an entrypoint or a postStart hook).
+    /// Block until the mount serves (for an entrypoint or a postStart hook). Exit 0 once it
+    /// serves, 124 when `--timeout` passed first, 1 when shutdown began before it served.
     Wait {
         /// Control socket of the running drainfs.
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
-        /// Give up after this long (exit 75). Accepts `30`, `30s`, `1500ms`.
+        /// Give up after this long (exit 124). Accepts `30`, `30s`, `1500ms`.
         #[arg(long, value_parser = parse_duration, default_value = "60s")]
         timeout: Duration,
     },
@@ -89,15 +94,58 @@ pub enum Command {
     },
 }
 
+/// What `--help` says about the binary's other name (see [`dropin_args`]).
+pub const DROPIN_HELP: &str = "\
+Invoked as `gcsfuse` (argv[0]'s file name is gcsfuse, as in the relay image's /gcsfuse), drainfs
+is GKE's gcsfuse drop-in: `gcsfuse ARGS...` runs
+  drainfs relay --log-to-stdout --log-format json --clean-sigterm-exit signal -- REAL ARGS...
+where REAL is $DRAINFS_REAL_GCSFUSE (default /gcsfuse.real); DRAINFS_LOG_FORMAT and
+DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those two defaults. `gcsfuse --version` and
+`gcsfuse --help` (alone) are answered by REAL. The relay's deadline is its own: 5 s by default
+(GKE's sidecar mounter SIGKILLs its child 5 s after its SIGTERM), not the pod's grace period.
+
+Exit codes: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the lower (gcsfuse) failed
+or died, or (client commands) drainfs could not be reached; 75 data may be incomplete;
+124 `drainfs wait` timed out before the mount served.";
+
+/// The gcsfuse drop-in's command line: for `gcsfuse ARGS...` (argv\[0\]'s file name is
+/// `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
+/// -- REAL ARGS...`, with `real` the real gcsfuse. `env` reads the environment: each of the two
+/// bracketed defaults is left out when its `DRAINFS_*` variable is set, so the variable decides.
+///
+/// Logs go to stdout as Cloud Logging JSON: GKE's sidecar mounter copies its child's stderr into
+/// the volume's error file (turned into mount errors), and GKE's logging agent reads a JSON
+/// line's `severity` (a plain text line on stdout is filed as INFO, so an ERROR line would not
+/// reach a `severity>=ERROR` alert). A clean stop by SIGTERM ends by SIGTERM, so that the sidecar
+/// mounter logs "gcsfuse was terminated" instead of an error (`--clean-sigterm-exit`).
+pub fn dropin_args(
+    real: std::ffi::OsString,
+    rest: Vec<std::ffi::OsString>,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["drainfs".into(), "relay".into(), "--log-to-stdout".into()];
+    if env("DRAINFS_LOG_FORMAT").is_none() {
+        args.push("--log-format=json".into());
+    }
+    if env("DRAINFS_CLEAN_SIGTERM_EXIT").is_none() {
+        args.push("--clean-sigterm-exit=signal".into());
+    }
+    args.push("--".into());
+    args.push(real);
+    args.extend(rest);
+    args
+}
+
 /// Default control socket path used by the subcommands when none is given.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/drainfs/control.sock";
 
 /// Arguments of `drainfs run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lower directory (the gcsfuse mountpoint) whose contents drainfs serves (not used
-    /// with `--relay`).
-    #[arg(long, env = "DRAINFS_LOWER", help_heading = HEADING_FS)]
+    /// Required (unless `--relay`): the lower directory (the gcsfuse mountpoint) whose
+    /// contents drainfs serves.
+    #[arg(long, env = "DRAINFS_LOWER", required_unless_present = "relay", help_heading = HEADING_FS)]
     pub lower: Option<PathBuf>,
 
     /// Where drainfs mounts itself (where the application expects the bucket).
@@ -134,7 +182,11 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_LOWER_PID", conflicts_with = "command", help_heading = HEADING_LOWER)]
     pub lower_pid: Option<i32>,
 
-    /// Signal sent to the lower's process once drainfs has unmounted (gcsfuse unmounts on SIGINT).
+    /// Signal sent to the lower's process once drainfs has drained and unmounted, only when
+    /// drainfs cannot unmount the lower's mount itself: without CAP_SYS_ADMIN, or when that
+    /// unmount is refused. With CAP_SYS_ADMIN (root, as in the manifests) drainfs unmounts
+    /// gcsfuse's mount, gcsfuse exits by itself, and no signal is sent. (gcsfuse unmounts on
+    /// SIGINT.)
     #[arg(long, env = "DRAINFS_LOWER_SIGNAL", value_parser = parse_signal, default_value = "SIGINT", help_heading = HEADING_LOWER)]
     pub lower_signal: nix::sys::signal::Signal,
 
@@ -174,7 +226,9 @@ pub struct RunArgs {
 
     /// One FUSE mount instead of two: drainfs opens /dev/fuse, mounts MOUNTPOINT itself and
     /// relays the connection to COMMAND (whose `/dev/fd/N` argument becomes `/dev/fd/3`, a
-    /// socket) instead of serving a view of a lower directory.
+    /// socket) instead of serving a view of a lower directory. For hosts without GKE's CSI
+    /// driver; under the driver, whose node driver mounts, use `drainfs relay` (or the gcsfuse
+    /// drop-in). Unlike `relay`, it uses run's 30 s grace period default and quiet period.
     #[arg(long, env = "DRAINFS_RELAY", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_RELAY)]
     pub relay: bool,
 
@@ -299,8 +353,9 @@ pub struct RelayOptArgs {
     #[arg(long, env = "DRAINFS_EOF_EXIT_CODES", value_delimiter = ',', default_value = "0,1", value_parser = clap::value_parser!(i32).range(0..=255), help_heading = HEADING_RELAY)]
     pub eof_exit_codes: Vec<i32>,
 
-    /// How a clean stop whose trigger was SIGTERM ends. `code`: exit 0. `signal`: after its
-    /// summary, drainfs ends by SIGTERM. The gcsfuse drop-in defaults to `signal`: GKE's sidecar
+    /// How a clean stop whose trigger was SIGTERM ends. `code` (the default of `relay` and
+    /// `run --relay`): exit 0. `signal` (the gcsfuse drop-in's default, unless
+    /// `DRAINFS_CLEAN_SIGTERM_EXIT` is set): after its summary, drainfs ends by SIGTERM. GKE's sidecar
     /// mounter stops its child through Go's `exec.CommandContext`, which reports a child that
     /// exits 0 after the cancel as the error "context canceled" and writes that to the volume's
     /// error file, while a child that ends by SIGTERM is only logged ("gcsfuse was
@@ -397,8 +452,10 @@ pub struct RelayArgs {
     #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
     pub native_sidecar: bool,
 
-    /// Time from the first trigger to the SIGKILL that ends the relay (the GKE sidecar kills
-    /// 5 s after its SIGTERM). Accepts `5`, `5s`, `1500ms`.
+    /// Time from the first trigger to the SIGKILL that ends the relay: 5 s by default, because
+    /// GKE's sidecar mounter SIGKILLs its child 5 s after its SIGTERM, whatever the pod's
+    /// terminationGracePeriodSeconds (`run` defaults to 30 s). A larger value does not buy
+    /// time under the sidecar mounter. Accepts `5`, `5s`, `1500ms`.
     #[arg(long, env = "DRAINFS_GRACE_PERIOD", value_parser = parse_duration, default_value = "5s", help_heading = HEADING_SHUTDOWN)]
     pub grace_period: Duration,
 

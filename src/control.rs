@@ -192,7 +192,7 @@ pub fn client(cmd: Command) -> i32 {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     eprintln!("drainfs wait: not ready within {timeout:?}");
-                    return ExitCode::Incomplete.code();
+                    return ExitCode::WaitTimedOut.code();
                 }
                 match request(&control_socket, &Request::WaitReady, left) {
                     Ok(v) if v["ready"] == true => return 0,

@@ -209,10 +209,13 @@ pub enum ExitCode {
     /// 69 (EX_UNAVAILABLE): the lower failed to start, failed, or died.
     LowerFailed,
     /// 75 (EX_TEMPFAIL): forced with work outstanding, or a lower flush/close failed: data
-    /// may be incomplete. (Client commands: the wait timed out.)
+    /// may be incomplete.
     Incomplete,
     /// 69 (EX_UNAVAILABLE), client commands: drainfs could not be reached.
     Unreachable,
+    /// 124, `drainfs wait`: the mount did not serve within `--timeout` (GNU `timeout`'s code;
+    /// says nothing about data, unlike 75).
+    WaitTimedOut,
 }
 
 impl ExitCode {
@@ -224,11 +227,12 @@ impl ExitCode {
             ExitCode::Usage => 2,
             ExitCode::LowerFailed | ExitCode::Unreachable => 69,
             ExitCode::Incomplete => 75,
+            ExitCode::WaitTimedOut => 124,
         }
     }
 
     /// The summary's `outcome` (`clean`, `failed`, `usage`, `lower_failed`, `incomplete`,
-    /// `unreachable`).
+    /// `unreachable`, `wait_timed_out`).
     pub fn outcome(self) -> &'static str {
         self.into()
     }

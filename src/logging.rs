@@ -11,6 +11,9 @@
 //! Cloud Logging layer (tracing-stackdriver) renames every field to camelCase and nests span
 //! fields, which would change the documented field names.
 //!
+//! The gcsfuse drop-in uses the JSON format by default (`cli::dropin_args`): it logs to stdout,
+//! where GKE's logging agent reads a JSON line's `severity` and files a text line as INFO.
+//!
 //! The level comes from `--log-level`, else `RUST_LOG`, else `info`.
 
 use std::fmt;

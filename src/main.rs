@@ -24,20 +24,9 @@ fn main() {
             eprintln!("drainfs: error: cannot run {}: {e}", real.to_string_lossy());
             std::process::exit(drainfs::drain::ExitCode::LowerFailed.code());
         }
-        // Logs to stdout: the CSI sidecar turns anything on gcsfuse's stderr into mount errors.
-        args = vec![
-            "drainfs".into(),
-            "relay".into(),
-            "--log-to-stdout".into(),
-            "--".into(),
-            real,
-        ];
-        // A clean stop by SIGTERM ends by SIGTERM, so that GKE's sidecar mounter logs
-        // "gcsfuse was terminated" instead of an error (see `relay --clean-sigterm-exit`).
-        if std::env::var_os("DRAINFS_CLEAN_SIGTERM_EXIT").is_none() {
-            args.insert(3, "--clean-sigterm-exit=signal".into());
-        }
-        args.extend(rest);
+        // Logs to stdout as JSON, and a clean stop after SIGTERM ends by SIGTERM (see
+        // `cli::dropin_args`).
+        args = drainfs::cli::dropin_args(real, rest, |k| std::env::var_os(k));
     }
     // Malformed `DRAINFS_*` values are start-up errors naming the variable, not defaults.
     let problems = drainfs::cli::env_problems(&args);

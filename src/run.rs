@@ -31,8 +31,16 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
     if let Some(addr) = cfg.admin.admin_addr
         && let Err(e) = crate::admin::prebind(addr)
     {
-        eprintln!("drainfs: error: --admin-addr {addr}: {e}");
-        return ExitCode::Usage.code();
+        // One relay runs per gcsfuse volume in the sidecar, all with the image's environment
+        // and one network namespace: the first serves the address, the others go without,
+        // rather than failing their volume's mount.
+        if cfg.relay.is_some() && e.kind() == std::io::ErrorKind::AddrInUse {
+            tracing::warn!(%addr, "admin address in use (another relay of this pod serves it?): this relay runs without an admin server");
+            cfg.admin.admin_addr = None;
+        } else {
+            eprintln!("drainfs: error: --admin-addr {addr}: {e}");
+            return ExitCode::Usage.code();
+        }
     }
     run_lifecycle(cfg, relay, on_control)
 }

@@ -16,6 +16,10 @@
 # unprivileged file operation: no daemon, no storage driver, no mounts) and skopeo (layout to
 # archive, and what a user pushes with). Installs them with apt-get when missing.
 #
+# The relay image's environment reaches drainfs (the sidecar mounter passes its own to /gcsfuse;
+# the webhook discards the pod's env for the sidecar): it sets DRAINFS_ADMIN_ADDR from
+# $DRAINFS_RELAY_ADMIN_ADDR (default 0.0.0.0:29090; empty: no admin server).
+#
 # Usage: bash docker/image/build.sh        (as root, from anywhere)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +29,9 @@ out="$repo/target/images"
 lowers="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin"
 GCSFUSE_VERSION=3.11.2
 SIDECAR_VERSION=v1.24.4
+relay_admin_addr="${DRAINFS_RELAY_ADMIN_ADDR-0.0.0.0:29090}"
+relay_env=()
+[[ -z "$relay_admin_addr" ]] || relay_env=(--config.env "DRAINFS_ADMIN_ADDR=$relay_admin_addr")
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
 need=()
@@ -86,7 +93,7 @@ build() { # IMAGE, then umoci config flags
 build sidecar --config.entrypoint /usr/local/bin/drainfs --config.cmd --help \
   --config.user 0:0 --config.label "org.opencontainers.image.title=drainfs"
 build relay --config.entrypoint /gcs-fuse-csi-driver-sidecar-mounter \
-  --config.user 65534:65534 \
+  --config.user 65534:65534 "${relay_env[@]}" \
   --config.label "org.opencontainers.image.title=gcs-fuse-csi-driver-sidecar-mounter with drainfs as /gcsfuse" \
   --config.label "dev.drainfs.sidecar-mounter.version=$SIDECAR_VERSION" \
   --config.label "dev.drainfs.gcsfuse.version=$GCSFUSE_VERSION"

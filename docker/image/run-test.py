@@ -172,7 +172,12 @@ def pod_spec(spec, *, user, caps, no_new_privs, fuse_device, mounts, env, args):
     p["user"] = {"uid": user, "gid": user, "additionalGids": []}
     p["capabilities"] = {k: list(caps) for k in ("bounding", "effective", "permitted")}
     p["noNewPrivileges"] = no_new_privs
-    p["env"] = [e for e in p.get("env", []) if e.startswith("PATH=")] + env
+    # The image's PATH and DRAINFS_* variables (a container runtime merges the image's
+    # environment under the container's: the relay image's DRAINFS_ADMIN_ADDR reaches drainfs
+    # this way, the webhook discards the pod's env), then the container's, which wins.
+    given = {e.split("=", 1)[0] for e in env}
+    p["env"] = [e for e in p.get("env", [])
+                if (e.startswith("PATH=") or e.startswith("DRAINFS_")) and e.split("=", 1)[0] not in given] + env
     p["args"] = args
     p["cwd"] = "/"
     spec["root"]["readonly"] = True
@@ -398,6 +403,7 @@ def test_relay(stack, workdir, held=False):
     def term():
         t["t"] = time.monotonic()
         c.kill("TERM")
+    admin_outcome(spec)
     if held:
         held_outcome(c, target, term, term_log, port)
         return
@@ -408,6 +414,23 @@ def test_relay(stack, workdir, held=False):
             os.path.join(tmp_vol, ".volumes", vol, "error")) else open(os.devnull, "rb") as f:
         err = f.read().decode(errors="replace").strip()
     print(f"  relay: the sidecar mounter's error file: {err[-300:]!r}")
+
+
+def admin_outcome(spec):
+    """The relay image's DRAINFS_ADMIN_ADDR reached drainfs through the sidecar mounter: its
+    admin server answers (host network here, so on the host's loopback)."""
+    addr = next((e.split("=", 1)[1] for e in spec["process"]["env"] if e.startswith("DRAINFS_ADMIN_ADDR=")), "")
+    check(addr.endswith(":29090"), f"relay: the image sets DRAINFS_ADMIN_ADDR ({addr!r})")
+    if not addr:
+        return
+    url = f"http://127.0.0.1:{addr.rsplit(':', 1)[1]}"
+    try:
+        ready = urllib.request.urlopen(f"{url}/readyz", timeout=5).status
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    except OSError as e:
+        ready, metrics = f"error {e}", ""
+    check(ready == 200 and "drainfs_phase" in metrics,
+          f"relay: the image's admin address answers /readyz ({ready}) and /metrics")
 
 
 def held_outcome(c, target, term, term_log, port):

@@ -215,3 +215,25 @@ fn every_manifest_run_invocation_serves_and_stops_in_a_pod() {
         pod.assert_volumes_intact(&sidecar, &in_sidecar);
     }
 }
+
+/// The manifests' comments cannot drift from the binary and the docs: every flag and
+/// `DRAINFS_*` variable they name is one `--help` lists, every termination-message path is
+/// `.state.terminated.message` in the right status list, and the claims the checker knows
+/// (the lower's stop signal as root, `drainfs wait`'s timeout code, a shell in the drainfs
+/// image, links into docs/) hold (`extract-drainfs-invocations.py --check-comments`).
+#[test]
+fn manifest_comments_agree_with_the_binary_and_the_docs() {
+    let out = Command::new("python3")
+        .arg(repo().join("docker/extract-drainfs-invocations.py"))
+        .arg("--check-comments")
+        .arg(bin("drainfs"))
+        .current_dir(repo())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1026,3 +1026,117 @@ fn a_notification_behind_a_read_that_never_ends_does_not_outlive_the_deadline() 
     );
     s.assert_nothing_left();
 }
+
+/// The gcsfuse drop-in (drainfs run as `gcsfuse`, as the relay image's `/gcsfuse`) logs Cloud
+/// Logging JSON on stdout, which GKE's logging agent files by its `severity`: every line drainfs
+/// writes parses as JSON with a `severity`, a clean stop's summary is `INFO`, and a stop that
+/// is not clean (a file still open for writing at the deadline, exit 75) is `ERROR`, so that a
+/// `severity>=ERROR` alert sees it. The sidecar's stdout is on `fake-node-driver`'s stderr.
+/// drainfs as the gcsfuse drop-in (a symlink named `gcsfuse`, bucketfs as the real gcsfuse)
+/// under `fake-node-driver`, with `env` added to the sidecar's environment; ready.
+fn dropin(env: &[(&str, &str)]) -> (tempfile::TempDir, fuse_tests::driver::NodeDriver) {
+    use fuse_tests::driver::{NodeDriver, sidecar_dir};
+    use fuse_tests::harness::{bin, scratch_dir};
+    let dir = scratch_dir("/tmp", "drainfs-dropin-");
+    let (mnt, store, bin_dir) = (
+        dir.path().join("mnt"),
+        dir.path().join("store"),
+        dir.path().join("bin"),
+    );
+    fs::create_dir(&mnt).unwrap();
+    sidecar_dir(&store);
+    fs::create_dir(&bin_dir).unwrap();
+    let gcsfuse = bin_dir.join("gcsfuse");
+    std::os::unix::fs::symlink(bin("drainfs"), &gcsfuse).unwrap();
+    let mut cmd = NodeDriver::command(&mnt);
+    cmd.env("DRAINFS_REAL_GCSFUSE", bin("bucketfs"))
+        .env("DRAINFS_SOCKET_BUFFER", "212992")
+        .env_remove("DRAINFS_LOG_FORMAT")
+        .env_remove("DRAINFS_ADMIN_ADDR")
+        .envs(env.iter().copied())
+        .arg("--")
+        .arg(&gcsfuse)
+        .arg("--bucket")
+        .arg(&store)
+        .args(["--mountpoint", "/dev/fd/3"]);
+    let mut driver = NodeDriver::spawn(cmd, &mnt, "[dropin]", Duration::from_secs(10));
+    driver.wait_ready(Duration::from_secs(30));
+    driver.note_chain(2);
+    (dir, driver)
+}
+
+/// One relay runs per gcsfuse volume, all with the relay image's `DRAINFS_ADMIN_ADDR`: a relay
+/// that finds the address taken (another volume's relay, here a listener of the test's) logs a
+/// WARNING and serves its volume without an admin server, instead of failing the mount.
+#[test]
+fn dropin_runs_without_an_admin_server_when_its_address_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (dir, mut driver) = dropin(&[("DRAINFS_ADMIN_ADDR", addr.as_str())]);
+    write_file(&dir.path().join("mnt/f"), b"x").unwrap();
+    let ending = driver.stop(Duration::from_secs(15));
+    assert_eq!(ending.signal.as_deref(), Some("SIGTERM"), "{ending:?}");
+    let text = driver.stderr_text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("admin address in use") && l.contains("\"severity\":\"WARNING\"")),
+        "no WARNING about the taken admin address:\n{text}"
+    );
+}
+
+#[test]
+fn dropin_logs_json_with_cloud_logging_severity() {
+    for incomplete in [false, true] {
+        let (dir, mut driver) = dropin(&[]);
+        let mnt = dir.path().join("mnt");
+        write_file(&mnt.join("done"), b"x").unwrap();
+        let held = incomplete.then(|| {
+            let mut f = File::create(mnt.join("held")).unwrap();
+            f.write_all(b"partial").unwrap();
+            f
+        });
+        let ending = driver.stop(Duration::from_secs(15));
+        drop(held);
+        let text = driver.stderr_text();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+            .filter(|v| {
+                v["target"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("drainfs"))
+            })
+            .collect();
+        assert!(
+            lines.iter().any(|v| v["message"] == "shutdown summary"),
+            "no JSON summary line from the drop-in:\n{text}"
+        );
+        for v in &lines {
+            let sev = v["severity"].as_str().unwrap_or_default();
+            assert!(
+                ["DEBUG", "INFO", "WARNING", "ERROR"].contains(&sev),
+                "line without a Cloud Logging severity: {v}"
+            );
+            assert!(v["timestamp"].is_string(), "{v}");
+        }
+        let summary = lines
+            .iter()
+            .find(|v| v["message"] == "shutdown summary")
+            .unwrap();
+        if incomplete {
+            assert_eq!(summary["severity"], "ERROR", "{summary}");
+            assert_eq!(summary["exit_code"], 75, "{summary}");
+            assert_eq!(ending.code, Some(75), "{ending:?}");
+        } else {
+            assert_eq!(summary["severity"], "INFO", "{summary}");
+            assert_eq!(summary["exit_code"], 0, "{summary}");
+            // The drop-in ends a clean stop after SIGTERM by SIGTERM (--clean-sigterm-exit).
+            assert_eq!(ending.signal.as_deref(), Some("SIGTERM"), "{ending:?}");
+        }
+        // No drainfs line in the text format ("drainfs: " prefixes or a bare level word).
+        assert!(
+            !text.lines().any(|l| l.contains(" INFO lifecycle:")),
+            "a text-format drainfs line:\n{text}"
+        );
+    }
+}

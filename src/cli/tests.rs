@@ -285,3 +285,100 @@ fn run_args_table() {
         assert!(run_config(&bad, None).is_err(), "accepted {bad:?}");
     }
 }
+
+#[test]
+fn lower_is_marked_required_unless_relay() {
+    use clap::CommandFactory;
+    // clap refuses a `run` without --lower (and says so in the usage line) ...
+    let e = Cli::try_parse_from(["drainfs", "run", "--mountpoint", "/m"]).unwrap_err();
+    assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    assert!(e.to_string().contains("--lower"), "{e}");
+    // ... but not with --relay.
+    assert!(Cli::try_parse_from(["drainfs", "run", "--mountpoint", "/m", "--relay"]).is_ok());
+    let mut cli = Cli::command();
+    let run = cli.find_subcommand_mut("run").unwrap();
+    let help = run.render_long_help().to_string();
+    assert!(help.contains("Required (unless `--relay`)"), "{help}");
+}
+
+#[test]
+fn help_says_what_surprises() {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    let top = cli.render_long_help().to_string();
+    // argv[0] = gcsfuse, and the exit codes with wait's own.
+    for want in [
+        "Invoked as `gcsfuse`",
+        "/gcsfuse.real",
+        "--log-format json",
+        "124 `drainfs wait` timed out",
+        "75 data may be incomplete",
+    ] {
+        assert!(top.contains(want), "drainfs --help lacks {want:?}:\n{top}");
+    }
+    let mut cli = Cli::command();
+    let run = cli
+        .find_subcommand_mut("run")
+        .unwrap()
+        .render_long_help()
+        .to_string();
+    assert!(run.contains("no signal is sent"), "{run}");
+    assert!(run.contains("the gcsfuse drop-in's default"), "{run}");
+    assert!(run.contains("use `drainfs relay`"), "{run}");
+    let mut cli = Cli::command();
+    let relay = cli
+        .find_subcommand_mut("relay")
+        .unwrap()
+        .render_long_help()
+        .to_string();
+    assert!(relay.contains("5 s by default"), "{relay}");
+    let mut cli = Cli::command();
+    let wait = cli
+        .find_subcommand_mut("wait")
+        .unwrap()
+        .render_long_help()
+        .to_string();
+    assert!(wait.contains("exit 124"), "{wait}");
+    assert!(!wait.contains("75"), "{wait}");
+}
+
+#[test]
+fn dropin_args_default_to_json_logs_and_a_signal_ending() {
+    let rest: Vec<std::ffi::OsString> = vec!["--foreground".into(), "b".into(), "/dev/fd/3".into()];
+    let none = |_: &str| None;
+    let args = dropin_args("/gcsfuse.real".into(), rest.clone(), none);
+    let want: Vec<std::ffi::OsString> = [
+        "drainfs",
+        "relay",
+        "--log-to-stdout",
+        "--log-format=json",
+        "--clean-sigterm-exit=signal",
+        "--",
+        "/gcsfuse.real",
+        "--foreground",
+        "b",
+        "/dev/fd/3",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    assert_eq!(args, want);
+    // The variables decide when set: their flags are left out.
+    let set = |k: &str| {
+        ["DRAINFS_LOG_FORMAT", "DRAINFS_CLEAN_SIGTERM_EXIT"]
+            .contains(&k)
+            .then(|| "x".into())
+    };
+    let args = dropin_args("/r".into(), rest, set);
+    assert!(!args.iter().any(|a| a == "--log-format=json"));
+    assert!(!args.iter().any(|a| a == "--clean-sigterm-exit=signal"));
+    // And they parse into a relay that logs JSON to stdout.
+    let args = dropin_args("/r".into(), vec!["/dev/fd/3".into()], none);
+    let Command::Relay(r) = Cli::try_parse_from(args).unwrap().command else {
+        panic!("not a relay");
+    };
+    let cfg = r.into_config();
+    assert_eq!(cfg.log.format, LogFormat::Json);
+    assert!(cfg.log.to_stdout);
+    assert_eq!(cfg.lifecycle.grace_period, Duration::from_secs(5));
+}
