@@ -125,7 +125,7 @@ pub fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_jso
 pub const PORTS_FILE: &str = "/tmp/drainfs-test-ports";
 /// The suite's ports: 20000-29999, below the kernel's ephemeral range (32768-60999 by
 /// default), so that no `connect` anywhere on the machine takes one as its local port.
-const PORTS: std::ops::Range<u32> = 20_000..30_000;
+pub const PORTS: std::ops::Range<u32> = 20_000..30_000;
 
 /// A TCP port on 127.0.0.1 for a server a test starts (`--admin-addr`, fake-gcs-server):
 /// the next port of [`PORTS`] after the last one handed out (a counter in [`PORTS_FILE`],
