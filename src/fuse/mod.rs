@@ -25,14 +25,14 @@ use std::ffi::OsStr;
 use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -67,6 +67,8 @@ pub struct DrainFs {
     init: Arc<Mutex<Option<InitInfo>>>,
     /// The lower's mount (fstype, source), for the data path decision.
     lower_fs: Option<(String, String)>,
+    /// The session's notifier, set once the session exists ([`DrainFs::notifier`]).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl DrainFs {
@@ -84,6 +86,31 @@ impl DrainFs {
             passthrough: false,
             init,
             lower_fs: None,
+            notifier: Arc::default(),
+        }
+    }
+
+    /// Where the session's [`Notifier`] goes once the session exists (the session takes the
+    /// filesystem, so the notifier can only be handed over afterwards). Until then nothing is
+    /// invalidated, and the kernel's entries expire after `--ttl`.
+    pub fn notifier(&self) -> Arc<OnceLock<Notifier>> {
+        Arc::clone(&self.notifier)
+    }
+
+    /// Tells the kernel to drop its entries `stale` (`FUSE_NOTIFY_INVAL_ENTRY`). Called after
+    /// the reply of the request that made them stale: the kernel holds the directories' locks
+    /// until that request is answered, and the notification takes them. Best effort: an
+    /// entry the kernel no longer has is fine, and a failure leaves the entry to expire after
+    /// `--ttl` (every later use of its nodeid without a name gives `ESTALE`, which makes the
+    /// kernel look the path up again).
+    fn invalidate(&self, stale: &[(u64, std::ffi::OsString)]) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        for (parent, name) in stale {
+            if let Err(e) = n.inval_entry(INodeNo(*parent), name) {
+                tracing::debug!(parent, ?name, error = %e, "invalidating a kernel entry failed");
+            }
         }
     }
 
@@ -270,7 +297,10 @@ impl Filesystem for DrainFs {
             .core
             .rename(parent.0, name, newparent.0, newname, flags.bits())
         {
-            Ok(()) => reply.ok(),
+            Ok(renamed) => {
+                reply.ok();
+                self.invalidate(&renamed.stale);
+            }
             Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }

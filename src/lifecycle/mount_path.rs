@@ -341,6 +341,7 @@ async fn mount_session(
     if let Some(m) = mount::mount_containing(&cfg.fs.lower) {
         fs = fs.with_lower(&m.fstype, &m.source);
     }
+    let notifier = fs.notifier();
     let mp = cfg.fs.mountpoint.clone();
     let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<Option<mount::MountInfo>>>();
     std::thread::Builder::new()
@@ -363,6 +364,7 @@ async fn mount_session(
             };
             match session {
                 Ok((session, m)) => {
+                    let _ = notifier.set(session.notifier());
                     let _ = ready_tx.send(Ok(m));
                     let _ = done.send(session.run());
                 }
