@@ -165,20 +165,47 @@ fn directory_renamed_onto_an_empty_directory(place: &Place<'_>) {
     assert_eq!(read(&p(place, "e/sub/temp3")), b"z");
 }
 
-/// gcsfuse's TestMoveFileWithinDifferentDirectory: `Test/move.txt` moved to `Test2/`.
+/// gcsfuse's TestMoveFileWithinSameDirectory, then the shared test directory cleaned as its
+/// suite does (each entry removed), then TestMoveFileWithinDifferentDirectory under the same
+/// names, step by step: `Test` made with mode 0600, `Test/move.txt` created (os.Create) and,
+/// while that handle is open, written through a second open (os.WriteFile); the first handle
+/// closed; the destination made with mode 0600; `mv Test/move.txt DEST` (coreutils, as its
+/// own process: it tries RENAME_NOREPLACE first); `DEST/move.txt` read.
 fn file_moved_to_another_directory(place: &Place<'_>) {
-    mkdir(&p(place, "Test"));
-    write(
-        &p(place, "Test/move.txt"),
-        b"This is from move file in Test directory.\n",
-    );
-    mkdir(&p(place, "Test2"));
-    rename(&p(place, "Test/move.txt"), &p(place, "Test2/move.txt"));
-    assert_eq!(names(&p(place, "Test2")), ["move.txt"]);
-    assert_eq!(
-        read(&p(place, "Test2/move.txt")),
-        b"This is from move file in Test directory.\n"
-    );
+    use std::os::unix::fs::DirBuilderExt;
+    const CONTENT: &[u8] = b"This is from move file in Test directory.\n";
+    let mkdir600 = |rel: &str| {
+        std::fs::DirBuilder::new()
+            .mode(0o600)
+            .create(p(place, rel))
+            .unwrap();
+    };
+    for dest in ["Test/a", "Test2"] {
+        for name in names(&place.dir) {
+            std::fs::remove_dir_all(p(place, &name)).unwrap();
+        }
+        mkdir600("Test");
+        let created = std::fs::File::create(p(place, "Test/move.txt")).unwrap();
+        write(&p(place, "Test/move.txt"), CONTENT);
+        drop(created);
+        mkdir600(dest);
+        let mv = std::process::Command::new("mv")
+            .arg(p(place, "Test/move.txt"))
+            .arg(p(place, dest))
+            .output()
+            .unwrap();
+        assert!(
+            mv.status.success(),
+            "mv: {}",
+            String::from_utf8_lossy(&mv.stderr)
+        );
+        assert_eq!(
+            read(&p(place, &format!("{dest}/move.txt"))),
+            CONTENT,
+            "{dest}"
+        );
+        assert_eq!(names(&p(place, dest)), ["move.txt"]);
+    }
     assert_eq!(names(&p(place, "Test")), Vec::<String>::new());
 }
 
@@ -201,8 +228,8 @@ fn file_renamed_onto_an_existing_file(place: &Place<'_>) {
 }
 
 /// RENAME_NOREPLACE and RENAME_EXCHANGE: where the lower refuses them (gcsfuse: `EINVAL`,
-/// bucketfs: RENAME_EXCHANGE) nothing changes; where it supports them the names end up as
-/// on the lower.
+/// jacobsa/fuse has no RENAME2; bucketfs: RENAME_EXCHANGE) nothing changes; where it supports
+/// them the names end up as on the lower.
 fn rename_with_flags(place: &Place<'_>) {
     let (noreplace, exchange) = match place.lower {
         Lower::Gcsfuse => (false, false),
@@ -211,16 +238,9 @@ fn rename_with_flags(place: &Place<'_>) {
     };
     write(&p(place, "a"), b"A");
     write(&p(place, "b"), b"B");
+    // Onto an existing name the VFS answers EEXIST itself, before asking the filesystem.
     let r = renameat2(&p(place, "a"), &p(place, "b"), libc::RENAME_NOREPLACE);
-    assert_errno(
-        r,
-        if noreplace {
-            libc::EEXIST
-        } else {
-            libc::EINVAL
-        },
-        "NOREPLACE onto b",
-    );
+    assert_errno(r, libc::EEXIST, "NOREPLACE onto b");
     assert_eq!(
         (read(&p(place, "a")), read(&p(place, "b"))),
         (b"A".to_vec(), b"B".to_vec())

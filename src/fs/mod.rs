@@ -10,7 +10,9 @@
 //! and everything under it, is a new gcsfuse inode), the moved inode is detached from the name,
 //! its cached fds (and its descendants') are dropped, and the kernel is told to forget the
 //! entry (`FUSE_NOTIFY_INVAL_ENTRY`, [`Renamed`]), so the next access looks the name up and
-//! gets the lower's inode. A name whose key changed without drainfs (an object overwritten in
+//! gets the lower's inode. What a rename replaces loses its cached fds before the lower's
+//! rename (gcsfuse mishandles a replaced directory that is still referenced). A name whose key
+//! changed without drainfs (an object overwritten in
 //! the bucket, a name deleted and made again) is verified against the key whenever it is used
 //! without an fd (a mismatch is `ESTALE`) and gives a new nodeid at the kernel's next LOOKUP
 //! (after `--ttl`). Unlike virtiofsd, an inode does not hold an O_PATH fd for

@@ -7,6 +7,8 @@
 //! new lower inode, and under a renamed directory every name is. Then the moved inode loses the
 //! name and its cached fds (its descendants' too), and the rename's answer names the new name
 //! for the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode.
+//! Before a rename replaces an existing name, drainfs closes its own fds of the replaced
+//! inode, so the lower sees no more references to it than it would without drainfs.
 
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
@@ -132,34 +134,35 @@ impl Fs {
         let npfd = self.inode_fd(&newparent)?;
         let moved = self.known_at(&pfd, &name);
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let exchanged = if exchange {
-            self.known_at(&npfd, &newname)
-        } else {
-            None
-        };
+        let target = self.known_at(&npfd, &newname);
+        if !exchange && let Some(replaced) = &target {
+            // drainfs holds no reference to what the rename replaces, as an application on
+            // the lower alone would not: gcsfuse v3.11.2 shows a directory renamed onto an
+            // empty one as empty, for good, when the replaced directory's inode is still
+            // referenced at the next lookup of the name.
+            self.drop_fds(replaced);
+        }
         sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags)
             .map_err(|e| self.lower_err(e))?;
         #[cfg(test)]
         super::tests::hook(super::tests::Point::AfterLowerRename);
         let mut stale = Vec::new();
-        if !self.settle_moved(
-            moved.as_ref(),
-            (&parent, &name),
-            (&newparent, &npfd, &newname),
-        ) {
+        let to = (&newparent, &*npfd, newname.as_c_str());
+        if !self.settle_moved(moved.as_ref(), (&parent, &name), to) {
             stale.push((
                 newparent.nodeid,
                 OsStr::from_bytes(newname.as_bytes()).into(),
             ));
         }
-        if exchange
-            && !self.settle_moved(
-                exchanged.as_ref(),
-                (&newparent, &newname),
-                (&parent, &pfd, &name),
-            )
+        if exchange {
+            let to = (&parent, &*pfd, name.as_c_str());
+            if !self.settle_moved(target.as_ref(), (&newparent, &newname), to) {
+                stale.push((parent.nodeid, OsStr::from_bytes(name.as_bytes()).into()));
+            }
+        } else if let Some(replaced) = target
+            && moved.as_ref().is_none_or(|m| m.nodeid != replaced.nodeid)
         {
-            stale.push((parent.nodeid, OsStr::from_bytes(name.as_bytes()).into()));
+            replaced.remove_location(newparent.nodeid, &newname);
         }
         Ok(Renamed { stale })
     }
@@ -168,7 +171,8 @@ impl Fs {
     /// returns true when the lower kept its identity (`fstatat` of the new name gives its
     /// key), and the inode then learns the new name. Otherwise (gcsfuse: a rename is a copy
     /// and a delete, and the new name is a new lower inode; or nothing was known under the old
-    /// name) returns false after detaching the inode ([`Fs::detach`]): the kernel's entry
+    /// name) returns false after taking the name from the inode and dropping its fds
+    /// ([`Fs::drop_fds`]): the kernel's entry
     /// for the new name, which the kernel moved along with the old one, points at a nodeid
     /// that no longer stands for what the lower has there.
     fn settle_moved(
@@ -189,15 +193,16 @@ impl Fs {
         }
         tracing::debug!(nodeid = inode.nodeid, name = ?to_name, "the lower gave the renamed name a new identity; dropping the old one's binding");
         inode.remove_location(to_parent.nodeid, to_name);
-        self.detach(inode);
+        self.drop_fds(inode);
         false
     }
 
     /// Drops the cached O_PATH fds of `inode` and, for a directory, of every inode known
-    /// under it: they reach the lower inodes of the old names, which a lower that renames by
-    /// copying has deleted. Their names stay; a name under a detached directory resolves
-    /// through it and fails with `ESTALE` (the kernel then looks the path up again).
-    fn detach(&self, inode: &Arc<Inode>) {
+    /// under it: after a rename that made new lower inodes they reach the old ones, which
+    /// the lower deleted; before a rename they would keep the replaced inode referenced.
+    /// Their names stay; a name under a directory that lost its own names resolves through
+    /// it and fails with `ESTALE` (the kernel then looks the path up again).
+    fn drop_fds(&self, inode: &Arc<Inode>) {
         let mut gone = vec![inode.nodeid];
         if inode.fmt == libc::S_IFDIR {
             gone.extend(

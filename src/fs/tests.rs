@@ -820,3 +820,55 @@ fn exchange_keeps_both_identities_on_posix_and_drops_both_on_a_copying_lower() {
     let a2 = fs.lookup(ROOT_ID, OsStr::new("a")).unwrap();
     assert_eq!(read_all(&fs, a2.nodeid), b"A");
 }
+
+/// A rename onto an existing name drops drainfs's fds of what it replaces before the lower's
+/// rename (gcsfuse keeps a replaced directory that is still referenced and then lists the new
+/// one as empty), and the replaced inode loses the name.
+#[test]
+fn a_rename_holds_no_fd_of_what_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(fs_on(dir.path(), 64));
+    let e = fs
+        .mkdir(ROOT_ID, OsStr::new("e"), 0o755, Caller::ROOT)
+        .unwrap();
+    let s = fs
+        .mkdir(ROOT_ID, OsStr::new("s"), 0o755, Caller::ROOT)
+        .unwrap();
+    let (file, fh) = create(&fs, s.nodeid, "file");
+    fs.release(file.nodeid, fh).unwrap();
+    let (keep, fh) = create(&fs, ROOT_ID, "keep");
+    fs.release(keep.nodeid, fh).unwrap();
+    for id in [e.nodeid, keep.nodeid] {
+        cache_fd(&fs, id);
+    }
+    assert_eq!(fs.cached_fds(), 3, "e, keep and s (the parent of a create)");
+    let during: Arc<Mutex<Option<usize>>> = Arc::default();
+    {
+        let (fs, during) = (Arc::clone(&fs), Arc::clone(&during));
+        set_hook(move |point| {
+            if point == Point::AfterLowerRename {
+                *during.lock() = Some(fs.cached_fds());
+            }
+        });
+    }
+    let r = fs.rename(ROOT_ID, OsStr::new("s"), ROOT_ID, OsStr::new("e"), 0);
+    clear_hook();
+    assert!(
+        r.unwrap().stale.is_empty(),
+        "a POSIX lower keeps the moved identity"
+    );
+    assert_eq!(
+        *during.lock(),
+        Some(2),
+        "e's fd was closed before the lower's rename"
+    );
+    assert_eq!(
+        fs.getattr(e.nodeid, None).unwrap_err().raw_errno(),
+        libc::ESTALE
+    );
+    assert_eq!(
+        fs.lookup(ROOT_ID, OsStr::new("e")).unwrap().nodeid,
+        s.nodeid
+    );
+    assert!(fs.lookup(s.nodeid, OsStr::new("file")).is_ok());
+}
