@@ -18,8 +18,9 @@
 //! TestMoveDirectoryInNonExistingDirectory and TestRenameDirectoryWithExistingEmptyDestDirectory),
 //! a rename onto an existing file, RENAME_NOREPLACE and RENAME_EXCHANGE (gcsfuse answers both
 //! with `EINVAL`, bucketfs supports RENAME_NOREPLACE), an unlink and a re-create under the same
-//! name, and an object overwritten from outside (through fake-gcs-server's HTTP API, in the
-//! bucket directory, on the lower directory) read after drainfs's `--ttl`.
+//! name, an object overwritten from outside (through fake-gcs-server's HTTP API, in the
+//! bucket directory, on the lower directory) read after drainfs's `--ttl`, and a directory
+//! that appeared from outside (gcsfuse: an implicit directory), emptied and made again.
 
 mod common;
 
@@ -312,6 +313,33 @@ fn overwritten_from_outside(place: &Place<'_>) {
     assert_eq!(std::fs::metadata(p(place, "o")).unwrap().len(), 19);
 }
 
+/// A tree that appears from outside (on gcsfuse: objects without directory markers, so an
+/// implicit directory), listed and read through the mount; its files removed through the
+/// mount (on gcsfuse the directory goes with its last object); then the name appearing again
+/// from outside, read after drainfs's `--ttl` (drainfs cannot see a directory vanish as a
+/// consequence of a removal, nor an upload). gcsfuse v3.11.2 refuses to rename an implicit
+/// directory (`ENOENT`, with or without drainfs), so there is no rename here.
+fn implicit_directory_made_again(place: &Place<'_>) {
+    let gcsfuse = place.lower == Lower::Gcsfuse;
+    (place.overwrite)("imp/a", b"a");
+    (place.overwrite)("imp/sub/b", b"b");
+    assert_eq!(names(&p(place, "imp")), ["a", "sub"]);
+    assert_eq!(read(&p(place, "imp/sub/b")), b"b");
+    std::fs::remove_file(p(place, "imp/a")).unwrap();
+    std::fs::remove_file(p(place, "imp/sub/b")).unwrap();
+    std::thread::sleep(TTL + Duration::from_millis(500));
+    if gcsfuse {
+        assert_errno(std::fs::metadata(p(place, "imp")), libc::ENOENT, "emptied");
+    } else {
+        assert_eq!(names(&p(place, "imp")), ["sub"]);
+    }
+    (place.overwrite)("imp/c", b"c");
+    std::thread::sleep(TTL + Duration::from_millis(500));
+    let want: &[&str] = if gcsfuse { &["c"] } else { &["c", "sub"] };
+    assert_eq!(names(&p(place, "imp")), want);
+    assert_eq!(read(&p(place, "imp/c")), b"c");
+}
+
 /// Runs `seq` under `raw/` on the lower's own mount, then under `via/` through drainfs.
 fn on_both(
     lower: Lower,
@@ -340,7 +368,9 @@ fn on_both(
 /// publishes an object).
 fn replace_file(root: &Path, prefix: &str, rel: &str, data: &[u8]) {
     let path = root.join(prefix).join(rel);
-    let tmp = root.join(prefix).join(format!(".{rel}.outside"));
+    let dir = path.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let tmp = dir.join(".outside.tmp");
     std::fs::write(&tmp, data).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
 }
@@ -436,4 +466,5 @@ on_every_lower! {
     unlinked_then_made_again;
     // gcsfuse's own caches would hide the new object for 60 s, with or without drainfs.
     overwritten_from_outside: "--metadata-cache-ttl-secs=0";
+    implicit_directory_made_again: "--metadata-cache-ttl-secs=0", "--metadata-cache-negative-ttl-secs=0";
 }
