@@ -468,3 +468,45 @@ on_every_lower! {
     overwritten_from_outside: "--metadata-cache-ttl-secs=0";
     implicit_directory_made_again: "--metadata-cache-ttl-secs=0", "--metadata-cache-negative-ttl-secs=0";
 }
+
+/// Many applications renaming files into one directory at once (write a temp file, rename it
+/// into place) on a lower whose renames make new inodes: every rename leaves the kernel an
+/// entry to invalidate, and an invalidation waits for the directory's lock, which the other
+/// renames hold while they wait for a FUSE worker. All of them finish, with every file in
+/// place.
+#[test]
+fn concurrent_renames_into_one_directory_all_finish() {
+    const THREADS: usize = 32;
+    const EACH: usize = 20;
+    let _serial = serial();
+    let b = over_bucketfs("auto", &["--rename-new-inode"]);
+    let dir = b.m.mnt.join("d");
+    mkdir(&dir);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..THREADS {
+        let (dir, tx) = (dir.clone(), tx.clone());
+        std::thread::spawn(move || {
+            for i in 0..EACH {
+                let tmp = dir.join(format!(".tmp-{t}-{i}"));
+                std::fs::write(&tmp, format!("{t}-{i}")).unwrap();
+                std::fs::rename(&tmp, dir.join(format!("f-{t}-{i}"))).unwrap();
+            }
+            tx.send(t).unwrap();
+        });
+    }
+    drop(tx);
+    for _ in 0..THREADS {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("renames stuck (or a thread panicked)");
+    }
+    let got = names(&dir);
+    assert_eq!(got.len(), THREADS * EACH, "{got:?}");
+    for t in 0..THREADS {
+        for i in 0..EACH {
+            assert_eq!(
+                read(&dir.join(format!("f-{t}-{i}"))),
+                format!("{t}-{i}").as_bytes()
+            );
+        }
+    }
+}

@@ -9,6 +9,8 @@
 //! - `init`: INIT, the connection settings and the data path decision ([`InitInfo`]);
 //! - `open`: which OPEN/CREATE asks for kernel passthrough, FOPEN flags, the reply's backing id;
 //! - `dir`: READDIRPLUS's entries;
+//! - `invalidator`: the kernel entry invalidations a RENAME leaves, sent from a thread of
+//!   their own ([`Invalidator`]);
 //! - `reply`: conversions from the lower's answers to fuser's types ([`attr`]);
 //! - `failure`: `fail!`, the one way a handler fails a request;
 //! - `log_filter`: [`StaleReplyFilter`], for fuser's own log lines.
@@ -16,6 +18,7 @@
 mod dir;
 mod failure;
 mod init;
+mod invalidator;
 mod log_filter;
 mod open;
 mod reply;
@@ -25,14 +28,14 @@ use std::ffi::OsStr;
 use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -44,6 +47,7 @@ pub use crate::mount::has_cap_sys_admin;
 use dir::PlusListing;
 use failure::fail;
 pub use init::InitInfo;
+pub use invalidator::Invalidator;
 pub use log_filter::StaleReplyFilter;
 use open::{OpenReply, backing};
 pub use reply::attr;
@@ -67,8 +71,9 @@ pub struct DrainFs {
     init: Arc<Mutex<Option<InitInfo>>>,
     /// The lower's mount (fstype, source), for the data path decision.
     lower_fs: Option<(String, String)>,
-    /// The session's notifier, set once the session exists ([`DrainFs::notifier`]).
-    notifier: Arc<OnceLock<Notifier>>,
+    /// Entry invalidations for the kernel, sent from a thread of their own
+    /// ([`DrainFs::invalidator`]).
+    invalidator: Arc<Invalidator>,
 }
 
 impl DrainFs {
@@ -86,32 +91,16 @@ impl DrainFs {
             passthrough: false,
             init,
             lower_fs: None,
-            notifier: Arc::default(),
+            invalidator: Arc::default(),
         }
     }
 
-    /// Where the session's [`Notifier`] goes once the session exists (the session takes the
-    /// filesystem, so the notifier can only be handed over afterwards). Until then nothing is
-    /// invalidated, and the kernel's entries expire after `--ttl`.
-    pub fn notifier(&self) -> Arc<OnceLock<Notifier>> {
-        Arc::clone(&self.notifier)
-    }
-
-    /// Tells the kernel to drop its entries `stale` (`FUSE_NOTIFY_INVAL_ENTRY`). Called after
-    /// the reply of the request that made them stale: the kernel holds the directories' locks
-    /// until that request is answered, and the notification takes them. Best effort: an
-    /// entry the kernel no longer has is fine, and a failure leaves the entry to expire after
-    /// `--ttl` (every later use of its nodeid without a name gives `ESTALE`, which makes the
-    /// kernel look the path up again).
-    fn invalidate(&self, stale: &[(u64, std::ffi::OsString)]) {
-        let Some(n) = self.notifier.get() else {
-            return;
-        };
-        for (parent, name) in stale {
-            if let Err(e) = n.inval_entry(INodeNo(*parent), name) {
-                tracing::debug!(parent, ?name, error = %e, "invalidating a kernel entry failed");
-            }
-        }
+    /// The queue of kernel entry invalidations, to start with the session's notifier once
+    /// the session exists (the session takes the filesystem, so the notifier can only be
+    /// handed over afterwards). Until then nothing is invalidated, and the kernel's entries
+    /// expire after `--ttl`.
+    pub fn invalidator(&self) -> Arc<Invalidator> {
+        Arc::clone(&self.invalidator)
     }
 
     /// Sets the lower's file system (mountinfo fstype and source) that `--passthrough auto`
@@ -299,7 +288,7 @@ impl Filesystem for DrainFs {
         {
             Ok(renamed) => {
                 reply.ok();
-                self.invalidate(&renamed.stale);
+                self.invalidator.send(renamed.stale);
             }
             Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
