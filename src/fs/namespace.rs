@@ -172,9 +172,8 @@ impl Fs {
     /// key), and the inode then learns the new name. Otherwise (gcsfuse: a rename is a copy
     /// and a delete, and the new name is a new lower inode; or nothing was known under the old
     /// name) returns false after taking the name from the inode and dropping its fds
-    /// ([`Fs::drop_fds`]): the kernel's entry
-    /// for the new name, which the kernel moved along with the old one, points at a nodeid
-    /// that no longer stands for what the lower has there.
+    /// ([`Fs::drop_fds`]): the kernel's entry for the new name, which the kernel moved along
+    /// with the old one, points at a nodeid that no longer stands for what the lower has there.
     fn settle_moved(
         &self,
         inode: Option<&Arc<Inode>>,
