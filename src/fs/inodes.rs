@@ -2,8 +2,10 @@
 //! `(st_dev, st_ino)`, with its lookup count and the names it was last seen under.
 //!
 //! Identity follows virtiofsd and fuse-backend-rs (`inode_store.rs`): a lookup of a known key
-//! reuses its inode, so hard links share one nodeid and renames keep identity; nodeids are
-//! never reused; the root is pinned. The lookup count is raised while the store's write guard
+//! reuses its inode, so hard links share one nodeid and a rename that keeps the lower's key
+//! keeps the nodeid; nodeids are never reused; the root is pinned. A key is never changed: when
+//! the lower gives a name a new key (gcsfuse's renames), the name leaves the old inode
+//! ([`Inode::remove_location`]) and the next lookup makes or finds the inode of the new key. The lookup count is raised while the store's write guard
 //! is held when the inode was found under it, so a concurrent FORGET either removed the inode
 //! before (and the lookup creates a new one) or sees the new reference.
 //!
@@ -142,6 +144,24 @@ impl Inode {
             .lock()
             .first()
             .map(|l| (Arc::clone(&l.parent), l.name.clone()))
+    }
+
+    /// Whether `dir` is a proper ancestor of this inode through the names it was last seen
+    /// under (the most recent name of each inode on the way up; a directory has one).
+    pub(super) fn has_ancestor(&self, dir: u64) -> bool {
+        let mut cur = self.first_location();
+        let mut depth = 0;
+        while let Some((parent, _)) = cur {
+            if parent.nodeid == dir {
+                return true;
+            }
+            depth += 1;
+            if parent.nodeid == ROOT_ID || depth > 4096 {
+                return false;
+            }
+            cur = parent.first_location();
+        }
+        false
     }
 
     /// The lower fd of one of this inode's open files, if any.

@@ -2,8 +2,20 @@
 //! unit-tested on a temp dir without mounting.
 //!
 //! Identity follows virtiofsd and fuse-backend-rs: an inode is keyed by the lower's
-//! `(st_dev, st_ino)`, so hard links share one nodeid and renames keep identity; nodeids are
-//! never reused; the root is pinned. Unlike virtiofsd, an inode does not hold an O_PATH fd for
+//! `(st_dev, st_ino)`, so hard links share one nodeid; nodeids are never reused; the root is
+//! pinned. A key is never assumed to stay with a name: after a RENAME the new name is checked
+//! on the lower (`namespace`). Where the lower kept the key (POSIX lowers) the inode keeps its
+//! nodeid and open files keep working; where the lower made a new inode under the new name
+//! (gcsfuse renames by copying objects and deleting the old ones, so the file, or a directory
+//! and everything under it, is a new gcsfuse inode), the moved inode is detached from the name,
+//! its cached fds (and its descendants') are dropped, and the kernel is told to forget the
+//! entry (`FUSE_NOTIFY_INVAL_ENTRY`, [`Renamed`]), so the next access looks the name up and
+//! gets the lower's inode. What a rename replaces loses its cached fds before the lower's
+//! rename (gcsfuse mishandles a replaced directory that is still referenced). A name whose key
+//! changed without drainfs (an object overwritten in
+//! the bucket, a name deleted and made again) is verified against the key whenever it is used
+//! without an fd (a mismatch is `ESTALE`) and gives a new nodeid at the kernel's next LOOKUP
+//! (after `--ttl`). Unlike virtiofsd, an inode does not hold an O_PATH fd for
 //! its whole life: O_PATH fds live in a bounded LRU cache ([`crate::config::FsConfig::max_lower_fds`]) and an
 //! inode that lost its fd is found again through the names it was last seen under (parent
 //! inode + name, a few per inode so that a hard link stays reachable when another of its names
@@ -23,7 +35,8 @@
 //! - the gate: `admission` ([`Admission`] and the admitted opens still in flight);
 //! - the operations: `lookup` (LOOKUP, FORGET, reaching an inode's O_PATH fd through the fd
 //!   cache or its names), `attr` (GETATTR, SETATTR, READLINK, ACCESS, STATFS, privilege-bit
-//!   clearing), `namespace` (MKNOD, MKDIR, SYMLINK, UNLINK, RMDIR, RENAME, LINK), `open`
+//!   clearing), `namespace` (MKNOD, MKDIR, SYMLINK, UNLINK, RMDIR, RENAME and what it leaves
+//!   stale, LINK), `open`
 //!   (OPEN, CREATE and the passthrough choice), `io` (READ, WRITE, FLUSH, FSYNC, FALLOCATE,
 //!   LSEEK, COPY_FILE_RANGE), `release` (RELEASE and the lingering fds of released
 //!   passthrough writers), `dir` (OPENDIR, READDIR), `xattr` (the four xattr requests);
@@ -143,6 +156,16 @@ pub struct Entry {
     pub nodeid: u64,
     /// The lower's attributes.
     pub st: Stat,
+}
+
+/// The answer to RENAME: what the kernel must no longer trust.
+#[derive(Debug, Default)]
+pub struct Renamed {
+    /// `(parent nodeid, name)` of each entry the kernel moved to a nodeid that no longer
+    /// stands for the lower's inode under that name (the lower gave the name a new identity);
+    /// the adapter invalidates them (`FUSE_NOTIFY_INVAL_ENTRY`) so that the next access looks
+    /// the name up again. Empty when the lower kept every identity.
+    pub stale: Vec<(u64, OsString)>,
 }
 
 /// The answer to OPEN / CREATE.

@@ -1,15 +1,24 @@
 //! Namespace changes: MKNOD, MKDIR, SYMLINK (made with the caller's credentials), UNLINK and
-//! RMDIR, RENAME (the moved inodes keep their nodeids and learn their new names) and LINK
-//! (hard links share one nodeid). Each is refused with `ESHUTDOWN` once the door is closed.
+//! RMDIR, RENAME and LINK (hard links share one nodeid). Each is refused with `ESHUTDOWN` once
+//! the door is closed.
+//!
+//! A RENAME keeps a moved inode's nodeid only when the lower keeps its `(st_dev, st_ino)`
+//! (POSIX lowers). On gcsfuse a rename is a copy and a delete of objects: the new name is a
+//! new lower inode, and under a renamed directory every name is. Then the moved inode loses the
+//! name and its cached fds (its descendants' too), and the rename's answer names the new name
+//! for the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode.
+//! Before a rename replaces an existing name, drainfs closes its own fds of the replaced
+//! inode, so the lower sees no more references to it than it would without drainfs.
 
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use super::inodes::{Inode, InodeKey};
 use super::sys::{self, Caller};
-use super::{Entry, Fs, cname};
+use super::{Entry, Fs, Renamed, cname};
 use crate::error::{Kind, Result};
 
 impl Fs {
@@ -98,8 +107,12 @@ impl Fs {
         self.inodes.by_key(InodeKey::of(&st))
     }
 
-    /// RENAME with renameat2 flags (RENAME_NOREPLACE, RENAME_EXCHANGE); the moved inodes keep
-    /// their nodeids and learn their new location.
+    /// RENAME with renameat2 flags (RENAME_NOREPLACE, RENAME_EXCHANGE). Afterwards each
+    /// moved inode is checked against what the lower now has under its new name
+    /// (`Fs::settle_moved`): where the lower kept its `(st_dev, st_ino)` (POSIX lowers) it
+    /// keeps its nodeid and learns the new name; where the lower made a new inode (gcsfuse
+    /// copies and deletes objects) it is detached, and the new name is in
+    /// [`Renamed::stale`] for the kernel to look up again.
     ///
     /// # Errors
     /// `ESHUTDOWN` once admission is closed; else the lower's errno (`EINVAL` when the lower
@@ -111,7 +124,7 @@ impl Fs {
         newparent: u64,
         newname: &OsStr,
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Renamed> {
         self.admission.check_admit()?;
         let parent = self.inode(parent)?;
         let newparent = self.inode(newparent)?;
@@ -120,22 +133,90 @@ impl Fs {
         let pfd = self.inode_fd(&parent)?;
         let npfd = self.inode_fd(&newparent)?;
         let moved = self.known_at(&pfd, &name);
-        let exchanged = if flags & libc::RENAME_EXCHANGE != 0 {
-            self.known_at(&npfd, &newname)
-        } else {
-            None
-        };
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let target = self.known_at(&npfd, &newname);
+        if !exchange && let Some(replaced) = &target {
+            // drainfs holds no reference to what the rename replaces, as an application on
+            // the lower alone would not: gcsfuse v3.11.2 shows a directory renamed onto an
+            // empty one as empty, for good, when the replaced directory's inode is still
+            // referenced at the next lookup of the name.
+            self.drop_fds(replaced);
+        }
         sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &newname, flags)
             .map_err(|e| self.lower_err(e))?;
-        if let Some(m) = &moved {
-            m.remove_location(parent.nodeid, &name);
-            m.set_location(&newparent, &newname);
+        #[cfg(test)]
+        super::tests::hook(super::tests::Point::AfterLowerRename);
+        let mut stale = Vec::new();
+        let to = (&newparent, &*npfd, newname.as_c_str());
+        if !self.settle_moved(moved.as_ref(), (&parent, &name), to) {
+            stale.push((
+                newparent.nodeid,
+                OsStr::from_bytes(newname.as_bytes()).into(),
+            ));
         }
-        if let Some(x) = exchanged {
-            x.remove_location(newparent.nodeid, &newname);
-            x.set_location(&parent, &name);
+        if exchange {
+            let to = (&parent, &*pfd, name.as_c_str());
+            if !self.settle_moved(target.as_ref(), (&newparent, &newname), to) {
+                stale.push((parent.nodeid, OsStr::from_bytes(name.as_bytes()).into()));
+            }
+        } else if let Some(replaced) = target
+            && moved.as_ref().is_none_or(|m| m.nodeid != replaced.nodeid)
+        {
+            replaced.remove_location(newparent.nodeid, &newname);
         }
-        Ok(())
+        Ok(Renamed { stale })
+    }
+
+    /// After a rename moved `inode` (the inode drainfs knew under `from`, if any) to `to`:
+    /// returns true when the lower kept its identity (`fstatat` of the new name gives its
+    /// key), and the inode then learns the new name. Otherwise (gcsfuse: a rename is a copy
+    /// and a delete, and the new name is a new lower inode; or nothing was known under the old
+    /// name) returns false after taking the name from the inode and dropping its fds
+    /// ([`Fs::drop_fds`]): the kernel's entry for the new name, which the kernel moved along
+    /// with the old one, points at a nodeid that no longer stands for what the lower has there.
+    fn settle_moved(
+        &self,
+        inode: Option<&Arc<Inode>>,
+        from: (&Arc<Inode>, &CStr),
+        to: (&Arc<Inode>, &OwnedFd, &CStr),
+    ) -> bool {
+        let Some(inode) = inode else {
+            return false;
+        };
+        let (to_parent, to_fd, to_name) = to;
+        inode.remove_location(from.0.nodeid, from.1);
+        let now = sys::fstatat(to_fd.as_fd(), to_name).ok();
+        if now.is_some_and(|st| InodeKey::of(&st) == inode.key) {
+            inode.set_location(to_parent, to_name);
+            return true;
+        }
+        tracing::debug!(nodeid = inode.nodeid, name = ?to_name, "the lower gave the renamed name a new identity; dropping the old one's binding");
+        inode.remove_location(to_parent.nodeid, to_name);
+        self.drop_fds(inode);
+        false
+    }
+
+    /// Drops the cached O_PATH fds of `inode` and, for a directory, of every inode known
+    /// under it: after a rename that made new lower inodes they reach the old ones, which
+    /// the lower deleted; before a rename they would keep the replaced inode referenced.
+    /// Their names stay; a name under a directory that lost its own names resolves through
+    /// it and fails with `ESTALE` (the kernel then looks the path up again).
+    fn drop_fds(&self, inode: &Arc<Inode>) {
+        let mut gone = vec![inode.nodeid];
+        if inode.fmt == libc::S_IFDIR {
+            gone.extend(
+                self.inodes
+                    .all()
+                    .iter()
+                    .filter(|i| i.has_ancestor(inode.nodeid))
+                    .map(|i| i.nodeid),
+            );
+        }
+        let evicted: Vec<_> = {
+            let mut cache = self.fd_cache.lock();
+            gone.iter().filter_map(|id| cache.pop(id)).collect()
+        };
+        drop(evicted); // closes outside the lock
     }
 
     /// LINK: a new name for `nodeid`; the same nodeid is returned (hard links share identity).

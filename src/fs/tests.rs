@@ -12,6 +12,8 @@ pub(super) enum Point {
     BeforeWriteGuard,
     /// `remember` found an existing inode under the write guard and has released it.
     AfterCountedUnderWriteGuard,
+    /// `rename` renamed on the lower and has not yet checked the new names.
+    AfterLowerRename,
 }
 
 type Hook = Box<dyn FnMut(Point)>;
@@ -81,8 +83,10 @@ fn hard_links_share_a_nodeid_and_rename_keeps_it() {
     let d = fs
         .mkdir(ROOT_ID, OsStr::new("d"), 0o755, Caller::ROOT)
         .unwrap();
-    fs.rename(ROOT_ID, OsStr::new("a"), d.nodeid, OsStr::new("c"), 0)
+    let renamed = fs
+        .rename(ROOT_ID, OsStr::new("a"), d.nodeid, OsStr::new("c"), 0)
         .unwrap();
+    assert!(renamed.stale.is_empty(), "a POSIX lower keeps the identity");
     assert_eq!(
         fs.lookup(d.nodeid, OsStr::new("c")).unwrap().nodeid,
         e.nodeid
@@ -598,4 +602,273 @@ fn released_passthrough_writers_linger_until_close_all() {
     assert!(fs.close_all().is_empty());
     assert_eq!((fs.lingering(), open_fds()), (0, before));
     assert!(fs.failed_flushes().is_empty());
+}
+
+/// Makes `rel` under `root` what gcsfuse makes of a renamed name: the same content under new
+/// lower inodes (a copy of the tree, then the old one deleted), as after a copy and a delete
+/// of objects.
+fn recreate_as_copies(root: &Path, rel: &str) {
+    fn copy_tree(from: &Path, to: &Path) {
+        if from.is_dir() {
+            std::fs::create_dir(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap() {
+                let e = e.unwrap();
+                copy_tree(&e.path(), &to.join(e.file_name()));
+            }
+        } else {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    let (path, tmp) = (root.join(rel), root.join(format!("{rel}.copy")));
+    copy_tree(&path, &tmp);
+    if path.is_dir() {
+        std::fs::remove_dir_all(&path).unwrap();
+    } else {
+        std::fs::remove_file(&path).unwrap();
+    }
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+/// Renames `parent/name` to `newparent/newname` with `flags` while the lower behaves as
+/// gcsfuse: right after the lower's rename, each name in `copied` becomes a new lower inode.
+fn rename_on_copying_lower(
+    fs: &Fs,
+    lower: &Path,
+    copied: &[&str],
+    (parent, name): (u64, &str),
+    (newparent, newname): (u64, &str),
+    flags: u32,
+) -> Renamed {
+    let (lower, copied): (PathBuf, Vec<String>) = (
+        lower.to_path_buf(),
+        copied.iter().map(|c| c.to_string()).collect(),
+    );
+    set_hook(move |point| {
+        if point == Point::AfterLowerRename {
+            for c in &copied {
+                recreate_as_copies(&lower, c);
+            }
+        }
+    });
+    let r = fs.rename(
+        parent,
+        OsStr::new(name),
+        newparent,
+        OsStr::new(newname),
+        flags,
+    );
+    clear_hook();
+    r.unwrap()
+}
+
+fn read_all(fs: &Fs, nodeid: u64) -> Vec<u8> {
+    let o = fs.open(nodeid, libc::O_RDONLY, Caller::ROOT, None).unwrap();
+    let mut buf = vec![0u8; 64];
+    let n = fs.read(nodeid, o.fh, 0, &mut buf).unwrap();
+    fs.release(nodeid, o.fh).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// Caches the O_PATH fd of `nodeid` (a chmod without a handle goes through it).
+fn cache_fd(fs: &Fs, nodeid: u64) {
+    let mode = fs.getattr(nodeid, None).unwrap().st_mode & 0o7777;
+    fs.setattr(nodeid, None, Some(mode), None, None, None, None, None)
+        .unwrap();
+}
+
+#[test]
+fn a_rename_that_makes_a_new_lower_inode_detaches_the_moved_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let (e, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e.nodeid, fh, 0, b"one", None).unwrap();
+    fs.release(e.nodeid, fh).unwrap();
+    cache_fd(&fs, e.nodeid);
+    assert_eq!(fs.cached_fds(), 1);
+
+    let renamed =
+        rename_on_copying_lower(&fs, dir.path(), &["g"], (ROOT_ID, "f"), (ROOT_ID, "g"), 0);
+    assert_eq!(renamed.stale, vec![(ROOT_ID, OsString::from("g"))]);
+    assert_eq!(fs.cached_fds(), 0, "the old lower inode's fd is dropped");
+    // The kernel's old nodeid no longer reaches anything (it would be the deleted original).
+    assert_eq!(
+        fs.getattr(e.nodeid, None).unwrap_err().raw_errno(),
+        libc::ESTALE
+    );
+    assert_eq!(
+        fs.open(e.nodeid, libc::O_RDONLY, Caller::ROOT, None)
+            .err()
+            .unwrap()
+            .raw_errno(),
+        libc::ESTALE
+    );
+    // The next LOOKUP gets the lower's inode, with the content.
+    let g = fs.lookup(ROOT_ID, OsStr::new("g")).unwrap();
+    assert_ne!(g.nodeid, e.nodeid);
+    assert_eq!(read_all(&fs, g.nodeid), b"one");
+
+    // The same name made again and renamed again (issue 24's first sequence).
+    let (e2, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e2.nodeid, fh, 0, b"two", None).unwrap();
+    fs.release(e2.nodeid, fh).unwrap();
+    cache_fd(&fs, e2.nodeid);
+    let renamed =
+        rename_on_copying_lower(&fs, dir.path(), &["h"], (ROOT_ID, "f"), (ROOT_ID, "h"), 0);
+    assert_eq!(renamed.stale, vec![(ROOT_ID, OsString::from("h"))]);
+    let h = fs.lookup(ROOT_ID, OsStr::new("h")).unwrap();
+    assert!(![e.nodeid, e2.nodeid, g.nodeid].contains(&h.nodeid));
+    assert_eq!(read_all(&fs, h.nodeid), b"two");
+}
+
+#[test]
+fn a_directory_renamed_into_new_lower_inodes_drops_every_descendants_fd() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let src = fs
+        .mkdir(ROOT_ID, OsStr::new("src"), 0o755, Caller::ROOT)
+        .unwrap();
+    let sub = fs
+        .mkdir(src.nodeid, OsStr::new("sub"), 0o755, Caller::ROOT)
+        .unwrap();
+    let (file, fh) = create(&fs, sub.nodeid, "file");
+    fs.write(file.nodeid, fh, 0, b"x", None).unwrap();
+    fs.release(file.nodeid, fh).unwrap();
+    for id in [src.nodeid, sub.nodeid, file.nodeid] {
+        cache_fd(&fs, id);
+    }
+    let other = fs
+        .mkdir(ROOT_ID, OsStr::new("other"), 0o755, Caller::ROOT)
+        .unwrap();
+    cache_fd(&fs, other.nodeid);
+    assert_eq!(fs.cached_fds(), 4);
+
+    let renamed = rename_on_copying_lower(
+        &fs,
+        dir.path(),
+        &["dst"],
+        (ROOT_ID, "src"),
+        (ROOT_ID, "dst"),
+        0,
+    );
+    assert_eq!(renamed.stale, vec![(ROOT_ID, OsString::from("dst"))]);
+    assert_eq!(
+        fs.cached_fds(),
+        1,
+        "only the unrelated directory keeps its fd"
+    );
+    for id in [src.nodeid, sub.nodeid, file.nodeid] {
+        assert_eq!(
+            fs.getattr(id, None).unwrap_err().raw_errno(),
+            libc::ESTALE,
+            "{id}"
+        );
+    }
+    assert_eq!(
+        fs.getattr(other.nodeid, None).unwrap().st_mode & libc::S_IFMT,
+        libc::S_IFDIR
+    );
+    let dst = fs.lookup(ROOT_ID, OsStr::new("dst")).unwrap();
+    let sub2 = fs.lookup(dst.nodeid, OsStr::new("sub")).unwrap();
+    let file2 = fs.lookup(sub2.nodeid, OsStr::new("file")).unwrap();
+    assert!(![src.nodeid, sub.nodeid, file.nodeid].contains(&dst.nodeid));
+    assert_ne!(file2.nodeid, file.nodeid);
+    assert_eq!(read_all(&fs, file2.nodeid), b"x");
+}
+
+#[test]
+fn exchange_keeps_both_identities_on_posix_and_drops_both_on_a_copying_lower() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), b"A").unwrap();
+    std::fs::write(dir.path().join("b"), b"B").unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let a = fs.lookup(ROOT_ID, OsStr::new("a")).unwrap();
+    let b = fs.lookup(ROOT_ID, OsStr::new("b")).unwrap();
+    let x = libc::RENAME_EXCHANGE;
+    let r = fs
+        .rename(ROOT_ID, OsStr::new("a"), ROOT_ID, OsStr::new("b"), x)
+        .unwrap();
+    assert!(r.stale.is_empty());
+    assert_eq!(
+        fs.lookup(ROOT_ID, OsStr::new("b")).unwrap().nodeid,
+        a.nodeid
+    );
+    assert_eq!(
+        fs.lookup(ROOT_ID, OsStr::new("a")).unwrap().nodeid,
+        b.nodeid
+    );
+    assert_eq!(read_all(&fs, a.nodeid), b"A");
+
+    let r = rename_on_copying_lower(
+        &fs,
+        dir.path(),
+        &["a", "b"],
+        (ROOT_ID, "a"),
+        (ROOT_ID, "b"),
+        x,
+    );
+    assert_eq!(
+        r.stale,
+        vec![
+            (ROOT_ID, OsString::from("b")),
+            (ROOT_ID, OsString::from("a"))
+        ]
+    );
+    for old in [a.nodeid, b.nodeid] {
+        assert_eq!(fs.getattr(old, None).unwrap_err().raw_errno(), libc::ESTALE);
+    }
+    let a2 = fs.lookup(ROOT_ID, OsStr::new("a")).unwrap();
+    assert_eq!(read_all(&fs, a2.nodeid), b"A");
+}
+
+/// A rename onto an existing name drops drainfs's fds of what it replaces before the lower's
+/// rename (gcsfuse keeps a replaced directory that is still referenced and then lists the new
+/// one as empty), and the replaced inode loses the name.
+#[test]
+fn a_rename_holds_no_fd_of_what_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(fs_on(dir.path(), 64));
+    let e = fs
+        .mkdir(ROOT_ID, OsStr::new("e"), 0o755, Caller::ROOT)
+        .unwrap();
+    let s = fs
+        .mkdir(ROOT_ID, OsStr::new("s"), 0o755, Caller::ROOT)
+        .unwrap();
+    let (file, fh) = create(&fs, s.nodeid, "file");
+    fs.release(file.nodeid, fh).unwrap();
+    let (keep, fh) = create(&fs, ROOT_ID, "keep");
+    fs.release(keep.nodeid, fh).unwrap();
+    for id in [e.nodeid, keep.nodeid] {
+        cache_fd(&fs, id);
+    }
+    assert_eq!(fs.cached_fds(), 3, "e, keep and s (the parent of a create)");
+    let during: Arc<Mutex<Option<usize>>> = Arc::default();
+    {
+        let (fs, during) = (Arc::clone(&fs), Arc::clone(&during));
+        set_hook(move |point| {
+            if point == Point::AfterLowerRename {
+                *during.lock() = Some(fs.cached_fds());
+            }
+        });
+    }
+    let r = fs.rename(ROOT_ID, OsStr::new("s"), ROOT_ID, OsStr::new("e"), 0);
+    clear_hook();
+    assert!(
+        r.unwrap().stale.is_empty(),
+        "a POSIX lower keeps the moved identity"
+    );
+    assert_eq!(
+        *during.lock(),
+        Some(2),
+        "e's fd was closed before the lower's rename"
+    );
+    assert_eq!(
+        fs.getattr(e.nodeid, None).unwrap_err().raw_errno(),
+        libc::ESTALE
+    );
+    assert_eq!(
+        fs.lookup(ROOT_ID, OsStr::new("e")).unwrap().nodeid,
+        s.nodeid
+    );
+    assert!(fs.lookup(s.nodeid, OsStr::new("file")).is_ok());
 }

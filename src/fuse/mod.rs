@@ -9,6 +9,8 @@
 //! - `init`: INIT, the connection settings and the data path decision ([`InitInfo`]);
 //! - `open`: which OPEN/CREATE asks for kernel passthrough, FOPEN flags, the reply's backing id;
 //! - `dir`: READDIRPLUS's entries;
+//! - `invalidator`: the kernel entry invalidations a RENAME leaves, sent from a thread of
+//!   their own ([`Invalidator`]);
 //! - `reply`: conversions from the lower's answers to fuser's types ([`attr`]);
 //! - `failure`: `fail!`, the one way a handler fails a request;
 //! - `log_filter`: [`StaleReplyFilter`], for fuser's own log lines.
@@ -16,6 +18,7 @@
 mod dir;
 mod failure;
 mod init;
+mod invalidator;
 mod log_filter;
 mod open;
 mod reply;
@@ -44,6 +47,7 @@ pub use crate::mount::has_cap_sys_admin;
 use dir::PlusListing;
 use failure::fail;
 pub use init::InitInfo;
+pub use invalidator::Invalidator;
 pub use log_filter::StaleReplyFilter;
 use open::{OpenReply, backing};
 pub use reply::attr;
@@ -67,6 +71,9 @@ pub struct DrainFs {
     init: Arc<Mutex<Option<InitInfo>>>,
     /// The lower's mount (fstype, source), for the data path decision.
     lower_fs: Option<(String, String)>,
+    /// Entry invalidations for the kernel, sent from a thread of their own
+    /// ([`DrainFs::invalidator`]).
+    invalidator: Arc<Invalidator>,
 }
 
 impl DrainFs {
@@ -84,7 +91,16 @@ impl DrainFs {
             passthrough: false,
             init,
             lower_fs: None,
+            invalidator: Arc::default(),
         }
+    }
+
+    /// The queue of kernel entry invalidations, to start with the session's notifier once
+    /// the session exists (the session takes the filesystem, so the notifier can only be
+    /// handed over afterwards). Until then nothing is invalidated, and the kernel's entries
+    /// expire after `--ttl`.
+    pub fn invalidator(&self) -> Arc<Invalidator> {
+        Arc::clone(&self.invalidator)
     }
 
     /// Sets the lower's file system (mountinfo fstype and source) that `--passthrough auto`
@@ -270,7 +286,10 @@ impl Filesystem for DrainFs {
             .core
             .rename(parent.0, name, newparent.0, newname, flags.bits())
         {
-            Ok(()) => reply.ok(),
+            Ok(renamed) => {
+                reply.ok();
+                self.invalidator.send(renamed.stale);
+            }
             Err(e) => fail!(self, req, g, reply, e, ino = parent.0, name = name),
         }
     }

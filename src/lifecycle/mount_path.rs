@@ -350,6 +350,7 @@ async fn mount_session(
     if let Some(m) = mount::mount_containing(&cfg.fs.lower) {
         fs = fs.with_lower(&m.fstype, &m.source);
     }
+    let invalidator = fs.invalidator();
     let mp = cfg.fs.mountpoint.clone();
     let (ready_tx, ready_rx) = oneshot::channel::<std::io::Result<Option<mount::MountInfo>>>();
     std::thread::Builder::new()
@@ -372,6 +373,9 @@ async fn mount_session(
             };
             match session {
                 Ok((session, m)) => {
+                    if let Err(e) = invalidator.start(session.notifier()) {
+                        tracing::warn!(error = %e, "cannot start the kernel invalidation thread; renamed entries expire after --ttl");
+                    }
                     let _ = ready_tx.send(Ok(m));
                     let _ = done.send(session.run());
                 }

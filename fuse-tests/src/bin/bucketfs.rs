@@ -31,6 +31,10 @@
 //!   keeps serving (so only SIGKILL stops it, as with gcsfuse). End-of-stream on a socket (the
 //!   relay's `shutdown(SHUT_WR)`) is a clean stop: the workers finish what they are serving
 //!   and the process exits 0. fuser answers INIT with `max_write` = 16 MiB.
+//! - **`--rename-new-inode` renames as gcsfuse does**: a rename is a copy and a delete of
+//!   objects, so the new name (and every name under a renamed directory) is a new inode with a
+//!   new number, the old inodes are gone, and entries are given to the kernel with TTL 0.
+//!   Without it a rename keeps the inode, as on a local disk.
 //! - **Inode numbers come from a counter**, the mount uses `allow_other` and
 //!   `default_permissions`, and readiness is announced with gcsfuse's stdout line
 //!   `File system has been successfully mounted.`
@@ -176,6 +180,14 @@ struct Args {
     /// no-open mode), as some daemons choose.
     #[arg(long)]
     open_enosys: bool,
+
+    /// Renames as gcsfuse makes them (a copy of the objects under the new key and a delete
+    /// of the old ones): the new name, and every name under a renamed directory, is a new
+    /// inode (a new number at its next lookup) and the old inodes are gone; entries and
+    /// attributes are given to the kernel with TTL 0, as gcsfuse (without its dentry cache)
+    /// gives entries, so each path walk looks the name up again.
+    #[arg(long)]
+    rename_new_inode: bool,
 
     /// Number of FUSE worker threads (each with its own cloned /dev/fuse fd).
     #[arg(long, value_name = "N", default_value_t = 4,
@@ -386,6 +398,11 @@ struct BucketFs {
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// `--open-enosys`.
     open_enosys: bool,
+    /// `--rename-new-inode`.
+    rename_new_inode: bool,
+    /// Entry and attribute TTL given to the kernel ([`TTL`], or zero with
+    /// `--rename-new-inode`).
+    ttl: Duration,
 }
 
 /// Which requests send a notification first, and how long they then wait to be answered.
@@ -533,6 +550,8 @@ impl BucketFs {
             notify: NotifyPolicy::default(),
             notifier: Arc::new(std::sync::OnceLock::new()),
             open_enosys: false,
+            rename_new_inode: false,
+            ttl: TTL,
         }
     }
 
@@ -873,6 +892,22 @@ impl BucketFs {
         let Some(from_node) = from_node else {
             return Ok(());
         };
+        if self.rename_new_inode && !from_local {
+            // gcsfuse: the objects were copied and the old ones deleted; the old inodes are
+            // gone, and the next lookup of each new name makes a new one.
+            let prefix = format!("{from}/");
+            let under: Vec<String> = t
+                .by_key
+                .keys()
+                .filter(|k| k.starts_with(&prefix))
+                .cloned()
+                .collect();
+            t.unlink_key(from);
+            for k in under {
+                t.unlink_key(&k);
+            }
+            return Ok(());
+        }
         t.by_key.remove(from);
         t.by_key.insert(to.to_owned(), from_node.ino);
         from_node.state.lock().key = to.to_owned();
@@ -928,7 +963,7 @@ impl Filesystem for BucketFs {
             self.resolve(&key)
         })();
         match result {
-            Ok((_, attr)) => reply.entry(&TTL, &attr, Generation(0)),
+            Ok((_, attr)) => reply.entry(&self.ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -939,7 +974,7 @@ impl Filesystem for BucketFs {
             self.attr_of(&node, &st)
         });
         match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
+            Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -1008,7 +1043,7 @@ impl Filesystem for BucketFs {
             self.attr_of(&node, &st)
         })();
         match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
+            Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -1034,7 +1069,7 @@ impl Filesystem for BucketFs {
             self.resolve(&key)
         })();
         match result {
-            Ok((_, attr)) => reply.entry(&TTL, &attr, Generation(0)),
+            Ok((_, attr)) => reply.entry(&self.ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1196,7 +1231,7 @@ impl Filesystem for BucketFs {
         })();
         match result {
             Ok((attr, fh)) => reply.created(
-                &TTL,
+                &self.ttl,
                 &attr,
                 Generation(0),
                 FileHandle(fh),
@@ -1703,6 +1738,10 @@ fn run(args: Args) -> Result<ExitCode, String> {
     let mut fs = BucketFs::new(bucket.clone(), staging_dir, policy, events.clone());
     fs.refuse_init = args.refuse_init;
     fs.open_enosys = args.open_enosys;
+    fs.rename_new_inode = args.rename_new_inode;
+    if args.rename_new_inode {
+        fs.ttl = Duration::ZERO;
+    }
     fs.notify = NotifyPolicy {
         read: args.notify_on_read.clone(),
         lookup: args.notify_on_lookup.clone(),
