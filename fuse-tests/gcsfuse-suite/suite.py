@@ -88,7 +88,9 @@ ABBREV = {"PASS": "pass", "FAIL": "FAIL", "SKIP": "skip"}
 
 
 class Ctx:
-    pass
+    def __init__(self):
+        # Differences listed in KNOWN that this run saw (printed, not counted).
+        self.known = []
 
 
 def fuse_dev(mountpoint):
@@ -429,6 +431,17 @@ def render(rows):
     return "\n".join(out)
 
 
+# Known differences: (package, test, data path) -> why. Each is printed with the verdict and
+# does not count as a regression; one that passes again is a failure ("remove it from KNOWN"),
+# so that this list never outlives its bug.
+KNOWN = {
+    ("local_file", "TestLocalFileTestSuite/TestRenameOfLocalFile", "never"):
+        "rename of an open, written, never-flushed file with --passthrough never: gcsfuse gets "
+        "drainfs's WRITE after the rename (new object empty, close EIO); auto and the relay pass",
+    ("local_file", "TestLocalFileTestSuite", "never"): "the suite of the test above",
+}
+
+
 def verdicts(ctx, recs):
     """(table rows for every test, list of regressions). A cell is pass/FAIL/skip/timeout, `-`
     (not run), or the run's status when the whole run did not happen."""
@@ -462,7 +475,15 @@ def verdicts(ctx, recs):
                     continue  # never ran: the run was interrupted
                 if p == "relay" and cells.get("sidecar") not in (None, "-", "n/a") and cells["sidecar"] not in good:
                     continue  # fails through the stock sidecar mounter too: not the relay's
+                if (pkg, name, p) in KNOWN:
+                    ctx.known.append(f"{pkg} [{fl}] {name}: raw {cells['raw']}, {p} {cells[p]}: "
+                                     f"{KNOWN[(pkg, name, p)]}")
+                    continue
                 regressions.append(f"{pkg} [{fl}] {name}: raw {cells['raw']}, {p} {cells[p]}")
+            for p in DRAINFS_PATHS:
+                if (pkg, name, p) in KNOWN and cells.get("raw") in good and cells.get(p) in good:
+                    regressions.append(f"{pkg} [{fl}] {name}: a known difference passes on {p} now: "
+                                       "remove it from KNOWN in suite.py")
             rows.append((pkg, fl, name, cells))
     return rows, regressions
 
@@ -585,6 +606,7 @@ def main():
            "Every test that did not pass on some path (pass, FAIL, skip, timeout; - not run; error: the run failed; "
            "n/a: not applicable):", diff, "", f"Verdict: {verdict}"]
     out += [f"  regression: {x}" for x in regressions]
+    out += [f"  known (not counted): {x}" for x in ctx.known]
     out += [f"  run error: {x}" for x in errors]
     out += [f"  left behind: {x}" for x in ctx.left_behind]
     if a.full_table:
