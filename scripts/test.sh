@@ -73,7 +73,7 @@ DRAINFS_BIN="$PWD/target/debug/drainfs" python3 scripts/check-docs.py
 
 step "cargo test (unit tests and real mounts)"
 # Two test threads: the machine has two cores and the mount tests start FUSE daemons.
-cargo test --workspace --locked -- --test-threads=2
+cargo test --workspace --locked --no-fail-fast -- --test-threads=2
 
 step "model check of the door and in-flight count (loom)"
 # Its own target dir: --cfg changes every crate's build, which must not evict the main build.
