@@ -510,3 +510,106 @@ fn concurrent_renames_into_one_directory_all_finish() {
         }
     }
 }
+
+/// The objects under `prefix` of `bucket` on fake-gcs-server at `port`, with their content,
+/// read in this process: a child process would close (FLUSH) the test's open files at its
+/// `exec`, and gcsfuse uploads a local file at its FLUSH.
+fn objects_in_process(port: u16, bucket: &str, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    let timeout = Duration::from_secs(10);
+    let (code, body) = fuse_tests::lowers::http_get(
+        port,
+        &format!("/storage/v1/b/{bucket}/o?prefix={prefix}"),
+        timeout,
+    )
+    .unwrap();
+    assert_eq!(code, 200, "listing: {body:.300}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut out = Vec::new();
+    for item in doc["items"].as_array().into_iter().flatten() {
+        let name = item["name"].as_str().expect("name").to_string();
+        if name.ends_with('/') {
+            continue;
+        }
+        let (code, data) = fuse_tests::lowers::http_get(
+            port,
+            &format!(
+                "/download/storage/v1/b/{bucket}/o/{}?alt=media",
+                name.replace('/', "%2F")
+            ),
+            timeout,
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{name}: {data:.300}");
+        out.push((name, data.into_bytes()));
+    }
+    out.sort();
+    out
+}
+
+/// gcsfuse's local_file/TestRenameOfLocalFile (gcsfuse flags `--implicit-dirs=true
+/// --rename-dir-limit=3 --enable-streaming-writes=false`, with which gcsfuse's mount has the
+/// kernel's writeback cache), through drainfs with `--passthrough auto` and `never`: a file
+/// created with O_DIRECT and kept open, 10 bytes written to it (nothing in the bucket yet: a
+/// local file), renamed while open; the new object has the 10 bytes, the old name none, and
+/// the close succeeds. Without passthrough, drainfs's own write must reach gcsfuse as the
+/// application's did (O_DIRECT), not wait in the lower's page cache until after the rename.
+#[test]
+fn gcsfuse_open_local_file_written_with_o_direct_then_renamed() {
+    use std::os::unix::fs::OpenOptionsExt;
+    for mode in ["auto", "never"] {
+        let _serial = serial();
+        let s = Stack::start_with(
+            Kind::Gcsfuse,
+            StackOpts {
+                passthrough: Some(mode.into()),
+                client_flags: [
+                    "--implicit-dirs=true",
+                    "--rename-dir-limit=3",
+                    "--enable-streaming-writes=false",
+                ]
+                .map(String::from)
+                .to_vec(),
+                ..StackOpts::default()
+            },
+        );
+        let objects = || objects_in_process(s.server.port, &s.server.bucket, "d/");
+        let dir = s.m.mnt.join("d");
+        mkdir(&dir);
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.join("f"))
+            .unwrap();
+        f.write_all(b"0123456789").unwrap();
+        assert_eq!(
+            objects(),
+            [],
+            "{mode}: a local file is not in the bucket before its close"
+        );
+        rename(&dir.join("f"), &dir.join("g"));
+        assert_eq!(
+            objects(),
+            [("d/g".to_string(), b"0123456789".to_vec())],
+            "{mode}: the renamed object has the bytes written before the rename, the old name is gone"
+        );
+        // The close (FLUSH) of the renamed file succeeds, as on gcsfuse alone.
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+        // SAFETY: `fd` is the file's own descriptor, given up by `into_raw_fd`.
+        let closed = unsafe { libc::close(fd) };
+        assert_eq!(
+            closed,
+            0,
+            "{mode}: close: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(read(&dir.join("g")), b"0123456789", "{mode}");
+        assert_eq!(
+            objects(),
+            [("d/g".to_string(), b"0123456789".to_vec())],
+            "{mode}: after the close"
+        );
+    }
+}

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
@@ -28,6 +28,10 @@ pub(super) enum HandleKind {
     File {
         /// Opened for writing.
         writable: bool,
+        /// The lower fd is O_DIRECT: an open with O_DIRECT served by drainfs
+        /// (`Fs::install_handle`); cleared when the lower refuses a direct I/O of it
+        /// (`Fs::direct_io`).
+        direct: AtomicBool,
     },
     /// A directory stream.
     Dir(Mutex<DirStream>),
@@ -76,6 +80,14 @@ impl Handle {
     /// A file opened for writing.
     pub(super) fn writable(&self) -> bool {
         matches!(self.kind, HandleKind::File { writable: true, .. })
+    }
+
+    /// The flag telling whether the lower fd is O_DIRECT (`None` for a directory).
+    pub(super) fn direct(&self) -> Option<&AtomicBool> {
+        match &self.kind {
+            HandleKind::File { direct, .. } => Some(direct),
+            HandleKind::Dir(_) => None,
+        }
     }
 
     /// Closes the lower fd of a handle that is no longer in the table and returns the

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use nix::errno::Errno;
 
 use super::Fs;
+use super::handles::Handle;
 use super::inodes::Inode;
 use super::sys::{self, Caller};
 use crate::accounting::LowerCall;
@@ -22,7 +23,15 @@ impl Fs {
     pub fn read(&self, nodeid: u64, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         self.admission.check_alive()?;
         let h = self.handle(nodeid, fh)?;
-        let n = sys::pread(h.fd.as_fd(), buf, offset).map_err(|e| self.lower_err(e))?;
+        let n = self
+            .direct_io(&h, |direct| {
+                if direct {
+                    sys::pread_direct(h.fd.as_fd(), buf, offset)
+                } else {
+                    sys::pread(h.fd.as_fd(), buf, offset)
+                }
+            })
+            .map_err(|e| self.lower_err(e))?;
         self.acct.bytes_read.fetch_add(n as u64, Relaxed);
         Ok(n)
     }
@@ -45,13 +54,71 @@ impl Fs {
         if let Some(caller) = &kill_privs {
             self.kill_privs(h.fd.as_fd(), caller)?;
         }
-        let n = sys::pwrite_all(h.fd.as_fd(), data, offset).map_err(|e| self.lower_err(e))?;
+        let n = self
+            .direct_io(&h, |direct| {
+                if direct {
+                    sys::pwrite_all_direct(h.fd.as_fd(), data, offset)
+                } else {
+                    sys::pwrite_all(h.fd.as_fd(), data, offset)
+                }
+            })
+            .map_err(|e| self.lower_err(e))?;
         self.acct.bytes_written.fetch_add(n as u64, Relaxed);
         Ok(n)
     }
 
+    /// Runs the I/O `op` on `h`'s lower fd, telling it whether the fd is O_DIRECT (then its
+    /// buffer must be aligned: `sys::pread_direct`, `sys::pwrite_all_direct`). When the lower
+    /// refuses a direct I/O (`EINVAL`: an offset or length its direct I/O cannot take, which
+    /// the application's O_DIRECT on a FUSE file does not promise; e.g. the kernel writing back
+    /// a page of a shared mapping up to the end of the file), O_DIRECT is cleared on the fd
+    /// for good ([`Fs::drop_direct`]) and `op` runs again, buffered.
+    fn direct_io<T>(
+        &self,
+        h: &Handle,
+        mut op: impl FnMut(bool) -> std::result::Result<T, Errno>,
+    ) -> std::result::Result<T, Errno> {
+        if !Self::is_direct(h) {
+            return op(false);
+        }
+        match op(true) {
+            Err(Errno::EINVAL) if self.drop_direct(h) => op(false),
+            r => r,
+        }
+    }
+
+    /// Whether `h`'s lower fd is O_DIRECT.
+    fn is_direct(h: &Handle) -> bool {
+        h.direct().is_some_and(|d| d.load(Relaxed))
+    }
+
+    /// Clears O_DIRECT on `h`'s lower fd (a file's; one that had it); returns whether the fd
+    /// is now buffered.
+    fn drop_direct(&self, h: &Handle) -> bool {
+        let Some(direct) = h.direct() else {
+            return false;
+        };
+        let was = direct.swap(false, Relaxed);
+        match sys::set_direct(h.fd.as_fd(), false) {
+            Ok(()) => {
+                if was {
+                    tracing::debug!(
+                        nodeid = h.inode.nodeid,
+                        "the lower refused a direct I/O; this O_DIRECT open is served buffered from now on"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::debug!(nodeid = h.inode.nodeid, error = %e, "clearing O_DIRECT on the lower fd failed");
+                false
+            }
+        }
+    }
+
     /// FLUSH: `close(dup(fd))` on the lower, so the lower's upload happens inside the
-    /// application's `close()` and its error is returned there. Never ENOSYS.
+    /// application's `close()` and its error is returned there. Never ENOSYS. A failure is a
+    /// failed flush ([`Fs::failed_flushes`]) for a writable handle.
     ///
     /// # Errors
     /// The lower's FLUSH errno (e.g. an upload failure).
@@ -60,7 +127,11 @@ impl Fs {
         let _call = self.acct.lower_call(LowerCall::Flush);
         sys::flush(h.fd.as_fd()).map_err(|e| {
             // Logged by the adapter with the request's context, as every failed request is.
-            self.record_failed_flush(&h.inode, e);
+            // A read-only handle's lower flush (served by drainfs, see the adapter's FOPEN
+            // flags) publishes nothing of its own: not a failed flush.
+            if h.writable() {
+                self.record_failed_flush(&h.inode, e);
+            }
             self.lower_err(e)
         })
     }
@@ -146,8 +217,19 @@ impl Fs {
         self.admission.check_alive()?;
         let hi = self.handle(ino_in, fh_in)?;
         let ho = self.handle(ino_out, fh_out)?;
-        let n = sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags)
-            .map_err(|e| self.lower_err(e))?;
+        let copy =
+            || sys::copy_file_range(hi.fd.as_fd(), off_in, ho.fd.as_fd(), off_out, len, flags);
+        let direct = (Self::is_direct(&hi), Self::is_direct(&ho));
+        let n = match copy() {
+            // As in `Fs::direct_io`, for either end.
+            Err(Errno::EINVAL)
+                if (direct.0 && self.drop_direct(&hi)) | (direct.1 && self.drop_direct(&ho)) =>
+            {
+                copy()
+            }
+            r => r,
+        }
+        .map_err(|e| self.lower_err(e))?;
         if let Some(caller) = kill_privs.as_ref().filter(|_| n > 0) {
             self.kill_privs(ho.fd.as_fd(), caller)?;
         }

@@ -5,6 +5,7 @@
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use super::attr::privs_to_kill;
 use super::handles::{Handle, HandleKind};
@@ -17,8 +18,9 @@ use crate::error::{Error, Kind, Result};
 impl Fs {
     /// Flags of the lower open for an OPEN with the application's `flags`.
     ///
-    /// O_CREAT/O_EXCL were handled by the kernel or CREATE; O_DIRECT applies to the data path
-    /// (the kernel's backing file keeps it) and would force aligned buffers on ours.
+    /// O_CREAT/O_EXCL were handled by the kernel or CREATE. O_DIRECT is left out here: the
+    /// kernel opens a passthrough open's backing file with the application's flags, O_DIRECT
+    /// included; an open served by drainfs gets it afterwards (`Fs::install_handle`).
     ///
     /// O_APPEND is dropped: the kernel resolves append offsets itself. For a FUSE file opened
     /// with O_APPEND, `write(2)` holds the inode lock and sends WRITE at the offset the kernel
@@ -49,6 +51,13 @@ impl Fs {
     ///   file writes with drainfs's credentials), so such an open is served by drainfs, whose
     ///   WRITEs carry FUSE_WRITE_KILL_SUIDGID. If the inode already has passthrough opens,
     ///   this open must be passthrough too: the bits are cleared now instead, at open.
+    ///
+    /// An O_DIRECT open served by drainfs gets O_DIRECT on its lower fd, as the kernel's
+    /// backing file of a passthrough open has it: the application's `write()` returns once the
+    /// lower has the data, not its page cache. (gcsfuse without streaming writes mounts with
+    /// the kernel's writeback cache: a buffered write would reach gcsfuse later, e.g. after a
+    /// rename that uploads the file without it, gcsfuse's local_file/TestRenameOfLocalFile.)
+    /// A lower without direct I/O serves it buffered.
     fn install_handle(
         &self,
         inode: Arc<Inode>,
@@ -91,11 +100,24 @@ impl Fs {
             }
             files.add(fh, Arc::clone(&fd), backing.clone());
         }
+        let direct = backing.is_none()
+            && flags & libc::O_DIRECT != 0
+            && inode.fmt == libc::S_IFREG
+            && match sys::set_direct(fd.as_fd(), true) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(nodeid = inode.nodeid, error = %e, "the lower refused O_DIRECT; serving this O_DIRECT open buffered");
+                    false
+                }
+            };
         let guard = self.acct.handle(Self::mode_of(flags));
         let handle = Handle {
             inode,
             fd,
-            kind: HandleKind::File { writable },
+            kind: HandleKind::File {
+                writable,
+                direct: AtomicBool::new(direct),
+            },
             guard,
         };
         self.insert_handle(fh, handle)?;

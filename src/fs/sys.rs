@@ -158,6 +158,49 @@ pub fn pwrite_all(fd: BorrowedFd<'_>, mut data: &[u8], mut offset: u64) -> Resul
     Ok(total - data.len())
 }
 
+/// Memory alignment of the buffers of I/O on an O_DIRECT lower fd ([`pread_direct`],
+/// [`pwrite_all_direct`]): a page, enough for any file system's direct I/O.
+const DIRECT_ALIGN: usize = 4096;
+
+/// Sets or clears O_DIRECT on `fd`'s open file description (`fcntl(F_SETFL)`).
+///
+/// # Errors
+/// The lower's errno (`EINVAL` when its file system has no direct I/O).
+pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    let mut flags = rustix::fs::fcntl_getfl(fd).map_err(errno)?;
+    flags.set(OFlags::DIRECT, on);
+    rustix::fs::fcntl_setfl(fd, flags).map_err(errno)
+}
+
+/// A zeroed buffer of `len` bytes at a [`DIRECT_ALIGN`]ed address: the storage and the
+/// offset of the buffer in it.
+fn aligned(len: usize) -> (Vec<u8>, usize) {
+    let v = vec![0u8; len + DIRECT_ALIGN];
+    let off = v.as_ptr().align_offset(DIRECT_ALIGN);
+    (v, off)
+}
+
+/// [`pread`] on an O_DIRECT fd: through a page-aligned buffer when `buf` is not aligned.
+pub fn pread_direct(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
+    if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+        return pread(fd, buf, offset);
+    }
+    let (mut v, off) = aligned(buf.len());
+    let n = pread(fd, &mut v[off..off + buf.len()], offset)?;
+    buf[..n].copy_from_slice(&v[off..off + n]);
+    Ok(n)
+}
+
+/// [`pwrite_all`] on an O_DIRECT fd: from a page-aligned copy when `data` is not aligned.
+pub fn pwrite_all_direct(fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> Result<usize, Errno> {
+    if data.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+        return pwrite_all(fd, data, offset);
+    }
+    let (mut v, off) = aligned(data.len());
+    v[off..off + data.len()].copy_from_slice(data);
+    pwrite_all(fd, &v[off..off + data.len()], offset)
+}
+
 /// FLUSH on the lower: `close(dup(fd))`, so the lower sees a FLUSH (gcsfuse uploads there)
 /// and its error comes back to us, while our fd stays open for RELEASE. This is what
 /// libfuse's passthrough_hp and virtiofsd do.

@@ -402,6 +402,67 @@ fn suid_writers_and_cached_inodes_are_not_passthrough() {
     }
 }
 
+/// An O_DIRECT open served by drainfs writes and reads its lower fd with O_DIRECT (as the
+/// kernel's backing file of a passthrough open does), from aligned buffers; an I/O the
+/// lower's direct I/O refuses (`EINVAL`: on ext4 an unaligned offset) is done buffered, and
+/// the handle stays buffered. A passthrough open's own lower fd is not O_DIRECT.
+#[test]
+fn o_direct_opens_served_by_drainfs_write_the_lower_directly() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let is_direct = |id: u64, fh: u64| {
+        let h = fs.handle(id, fh).unwrap();
+        rustix::fs::fcntl_getfl(h.fd.as_fd())
+            .unwrap()
+            .contains(rustix::fs::OFlags::DIRECT)
+    };
+    let (e, o) = fs
+        .create(
+            ROOT_ID,
+            OsStr::new("f"),
+            0o644,
+            libc::O_RDWR | libc::O_DIRECT,
+            Caller::ROOT,
+            None,
+        )
+        .unwrap();
+    let id = e.nodeid;
+    assert!(is_direct(id, o.fh));
+    // An aligned offset and length from an unaligned buffer.
+    let data: Vec<u8> = (0..4097u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(fs.write(id, o.fh, 0, &data[1..], None).unwrap(), 4096);
+    assert!(is_direct(id, o.fh), "the lower took the direct write");
+    let mut buf = vec![0u8; 4097];
+    assert_eq!(fs.read(id, o.fh, 0, &mut buf[1..]).unwrap(), 4096);
+    assert_eq!(buf[1..], data[1..]);
+    // An unaligned offset: buffered if the lower refuses it.
+    assert_eq!(fs.write(id, o.fh, 3, b"0123456789", None).unwrap(), 10);
+    let mut want = data[1..].to_vec();
+    want[3..13].copy_from_slice(b"0123456789");
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), want);
+    fs.release(id, o.fh).unwrap();
+
+    let register = |_: BorrowedFd<'_>| -> std::io::Result<Backing> { Ok(Arc::new(())) };
+    let register = Passthrough {
+        register: &register,
+        only_if_shared: false,
+    };
+    let p = fs
+        .open(
+            id,
+            libc::O_RDWR | libc::O_DIRECT,
+            Caller::ROOT,
+            Some(register),
+        )
+        .unwrap();
+    assert!(p.backing.is_some());
+    assert!(
+        !is_direct(id, p.fh),
+        "the kernel's backing file has O_DIRECT, not drainfs's fd"
+    );
+    fs.release(id, p.fh).unwrap();
+}
+
 /// `--passthrough reads`: a writable open joins passthrough only when readers already hold the
 /// inode's backing id (the kernel requires it); alone it is served by drainfs.
 #[test]

@@ -80,7 +80,15 @@ impl DrainFs {
     }
 
     /// FOPEN flags for an open served as `passthrough` or not:
-    /// - read-only opens need no FLUSH round trip (`FOPEN_NOFLUSH`);
+    /// - read-only passthrough opens need no FLUSH round trip (`FOPEN_NOFLUSH`). A read-only
+    ///   open served by drainfs gets its FLUSH: drainfs's lower fd is a file of the lower's
+    ///   own, whose close flushes it, and a lower FUSE mount with the writeback cache (gcsfuse
+    ///   without streaming writes) flushes even read-only files at `close()` (FOPEN_NOFLUSH
+    ///   does not apply there; gcsfuse then uploads a local file another handle wrote). Without
+    ///   a FLUSH, that flush would come with drainfs's RELEASE, after the application's
+    ///   `close()` returned, and race its next request: an unlink of the local file, which
+    ///   gcsfuse then uploads after the unlink (gcsfuse's
+    ///   local_file/TestReadSymlinkForDeletedLocalFile on `--passthrough never`);
     /// - write-only opens served by drainfs get `FOPEN_DIRECT_IO`: the kernel then hands the
     ///   application's pages to drainfs instead of first copying them into the page cache
     ///   (one copy of three saved; nothing is read back through such a handle). In `reads`
@@ -89,7 +97,11 @@ impl DrainFs {
     fn open_flags(&self, flags: i32, passthrough: bool) -> FopenFlags {
         let acc = flags & libc::O_ACCMODE;
         if acc == libc::O_RDONLY {
-            FopenFlags::FOPEN_NOFLUSH
+            if passthrough {
+                FopenFlags::FOPEN_NOFLUSH
+            } else {
+                FopenFlags::empty()
+            }
         } else if !passthrough
             && (acc == libc::O_WRONLY || (self.passthrough && self.mode == PassthroughMode::Reads))
         {
