@@ -434,12 +434,7 @@ def render(rows):
 # Known differences: (package, test, data path) -> why. Each is printed with the verdict and
 # does not count as a regression; one that passes again is a failure ("remove it from KNOWN"),
 # so that this list never outlives its bug.
-KNOWN = {
-    ("local_file", "TestLocalFileTestSuite/TestRenameOfLocalFile", "never"):
-        "rename of an open, written, never-flushed file with --passthrough never: gcsfuse gets "
-        "drainfs's WRITE after the rename (new object empty, close EIO); auto and the relay pass",
-    ("local_file", "TestLocalFileTestSuite", "never"): "the suite of the test above",
-}
+KNOWN = {}
 
 
 def verdicts(ctx, recs):
