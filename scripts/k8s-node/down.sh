@@ -49,7 +49,7 @@ for f in "$run"/containerd/io.containerd.runtime.v2.task/*/*/shim.pid; do
   fi
 done
 # Mounts left by the kubelet (volumes) or containerd (rootfs, shm): deepest first.
-findmnt -rn -o TARGET | grep -E "^($work|$run)/" | sort -r | while read -r m; do
+{ findmnt -rn -o TARGET | grep -E "^($work|$run)/" || true; } | sort -r | while read -r m; do
   umount "$m" 2>/dev/null || umount -l "$m" || true
 done
 if findmnt -rn -o TARGET | grep -qE "^($work|$run)/"; then

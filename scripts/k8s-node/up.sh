@@ -12,13 +12,15 @@
 # access allowed (loopback only).
 # Needs: bash scripts/k8s-node/install.sh first.
 #
-# Usage: bash scripts/k8s-node/up.sh       (as root)
+# Usage: bash scripts/k8s-node/up.sh [--containerd-only]      (as root)
 # Exit codes: 0 containerd and the kubelet are up (the kubelet's /healthz answers ok);
 #   1 one of them did not come up (the end of its log is printed); 2 already running.
 set -euo pipefail
+only_containerd=0
+[[ "${1:-}" == --containerd-only ]] && only_containerd=1
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"
-for b in kubelet containerd containerd-shim-runc-v2 ctr crictl runc; do
+for b in containerd containerd-shim-runc-v2 ctr crictl runc; do
   command -v "$b" >/dev/null || { echo "up.sh: $b missing: run scripts/k8s-node/install.sh" >&2; exit 1; }
 done
 for p in "$work"/pids/*.pid; do
@@ -50,14 +52,20 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "$pause_image"
+# This sandbox drops CAP_SYS_RESOURCE (CapEff 000001fffeffffff), so no process may lower its
+# oom_score_adj below its parent's; runc fails on the pause container's -998 ("nsexec: failed
+# to update /proc/self/oom_score_adj: Permission denied") unless CRI clamps the value to
+# containerd's own, which is what this option (meant for rootless) does.
 [plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = "$(command -v runc)"
+        BinaryName = "${K8S_NODE_RUNC:-$(command -v runc)}"
         SystemdCgroup = false
+        Root = "$run/runc"
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
@@ -110,12 +118,13 @@ done
 ctr --address "$sock" version >/dev/null 2>&1 || fail containerd "$work/logs/containerd.log"
 
 for img in pause testbin; do
-  ctr_ images import --no-unpack=false --local "$root/images/$img.tar" >>"$work/logs/import.log" 2>&1 \
-    || ctr_ images import "$root/images/$img.tar" >>"$work/logs/import.log" 2>&1 \
+  ctr_ images import "$root/images/$img.tar" >>"$work/logs/import.log" 2>&1 \
     || fail "import of $img" "$work/logs/import.log"
 done
 ctr_ images ls -q >> "$work/logs/import.log"
 
+if ((only_containerd)); then echo "up.sh: containerd up (no kubelet)"; exit 0; fi
+command -v kubelet >/dev/null || { echo "up.sh: kubelet missing: run scripts/k8s-node/install.sh" >&2; exit 1; }
 start kubelet "$work/logs/kubelet.log" kubelet --config "$work/etc/kubelet.yaml" \
   --root-dir "$work/kubelet" --hostname-override drainfs-k8s-node --v 2 \
   ${K8S_NODE_KUBELET_FLAGS:-}
