@@ -98,10 +98,13 @@ def run_one(i, sleep_ms):
     d = f"{WORK}/hostpath/{name}"
     manifest = f"{WORK}/manifests/{name}.yaml"
     r = {"pod": full, "errors": []}
-    with open(manifest + ".tmp", "w") as f:
+    # The kubelet reads every file of the static pod path but those whose names start with a
+    # dot: the manifest is written under such a name, then renamed into place.
+    tmp = f"{WORK}/manifests/.{name}.yaml"
+    with open(tmp, "w") as f:
         f.write(MANIFEST.format(name=name, sleep_ms=sleep_ms, dir=d))
     t_manifest = time.time_ns()
-    os.rename(manifest + ".tmp", manifest)
+    os.rename(tmp, manifest)
     phases = []
     t_succeeded = t_notready = None
     deadline = time.time() + TIMEOUT
