@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds the k8s-node test images without a Docker engine, as docker/image/build.sh does: one
+# static Go program (scripts/k8s-node/testbin, CGO_ENABLED=0) packed by umoci into an OCI layout
+# and written by skopeo as OCI archives that `ctr -n k8s.io images import` takes:
+#   $K8S_NODE_ROOT/images/pause.tar    local.drainfs/pause:1     entrypoint: /testbin pause
+#   $K8S_NODE_ROOT/images/testbin.tar  local.drainfs/testbin:1   entrypoint: /testbin
+# Rebuilds only when testbin's source changed (a hash of it is kept beside the archives).
+#
+# Usage: bash scripts/k8s-node/images.sh     (as root)
+# Exit codes: 0 built or up to date; 1 a build step failed.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="${K8S_NODE_ROOT:-/opt/drainfs-k8s}"
+out="$root/images"
+export PATH="/usr/local/go/bin:$PATH" GOTOOLCHAIN=local CGO_ENABLED=0
+need=()
+command -v umoci >/dev/null || need+=(umoci)
+command -v skopeo >/dev/null || need+=(skopeo)
+if ((${#need[@]})); then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+sum=$(cat "$here/testbin/go.mod" "$here/testbin/main.go" "$0" | sha256sum | cut -c1-16)
+if [[ -f "$out/pause.tar" && -f "$out/testbin.tar" && "$(cat "$out/source.sum" 2>/dev/null)" == "$sum" ]]; then
+  echo "images: up to date ($out)"; exit 0
+fi
+rm -rf "$out"; mkdir -p "$out/rootfs"
+(cd "$here/testbin" && go build -trimpath -ldflags "-s -w" -o "$out/rootfs/testbin" .)
+if readelf -lW "$out/rootfs/testbin" | grep -q INTERP; then
+  echo "images.sh: testbin is dynamically linked" >&2; exit 1
+fi
+umoci init --layout "$out/oci"
+mk() { # TAG, then umoci config flags
+  local tag=$1; shift
+  umoci new --image "$out/oci:$tag"
+  umoci insert --image "$out/oci:$tag" --history.created_by "scripts/k8s-node/images.sh" \
+    "$out/rootfs/testbin" /testbin
+  umoci config --image "$out/oci:$tag" --config.user 0:0 "$@"
+}
+mk pause --config.entrypoint /testbin --config.cmd pause
+mk testbin --config.entrypoint /testbin
+umoci gc --layout "$out/oci"
+skopeo copy --quiet "oci:$out/oci:pause" "oci-archive:$out/pause.tar:local.drainfs/pause:1"
+skopeo copy --quiet "oci:$out/oci:testbin" "oci-archive:$out/testbin.tar:local.drainfs/testbin:1"
+echo "$sum" > "$out/source.sum"
+ls -l "$out"/*.tar

@@ -1,0 +1,3 @@
+module drainfs.local/k8s-node/testbin
+
+go 1.22
