@@ -325,6 +325,26 @@ impl InodeStore {
         true
     }
 
+    /// Unbinds the lower identities of `nodeids` from them: the next LOOKUP or READDIR that
+    /// meets one of those `(st_dev, st_ino)` gets a new nodeid. For inodes whose lower inode
+    /// is gone (a rename on gcsfuse is a copy and a delete): a lower that reuses inode numbers
+    /// (ext4, xfs) would otherwise hand a new file the old nodeid, whose kernel inode may
+    /// still hold the old file's pages. The inodes stay known by nodeid until FORGET.
+    pub(super) fn unkey(&self, nodeids: &[u64]) {
+        let mut map = self.map.write();
+        for id in nodeids {
+            if *id == ROOT_ID {
+                continue;
+            }
+            let Some(key) = map.by_id.get(id).map(|i| i.key) else {
+                continue;
+            };
+            if map.by_key.get(&key) == Some(id) {
+                map.by_key.remove(&key);
+            }
+        }
+    }
+
     /// The nodeid a READDIR entry should carry as `d_ino`, so that it equals the `st_ino` a
     /// later stat reports: the inode's nodeid if known, else a nodeid reserved now (in a
     /// bounded map; LOOKUP takes the reservation). Reporting the lower's own inode number

@@ -163,6 +163,10 @@ impl Fs {
             && moved.as_ref().is_none_or(|m| m.nodeid != replaced.nodeid)
         {
             replaced.remove_location(newparent.nodeid, &newname);
+            if replaced.locations().is_empty() {
+                // Its last known name is gone; its lower inode number may be reused.
+                self.inodes.unkey(&[replaced.nodeid]);
+            }
         }
         Ok(Renamed { stale })
     }
@@ -192,7 +196,8 @@ impl Fs {
         }
         tracing::debug!(nodeid = inode.nodeid, name = ?to_name, "the lower gave the renamed name a new identity; dropping the old one's binding");
         inode.remove_location(to_parent.nodeid, to_name);
-        self.drop_fds(inode);
+        let gone = self.drop_fds(inode);
+        self.inodes.unkey(&gone);
         false
     }
 
@@ -200,8 +205,9 @@ impl Fs {
     /// under it: after a rename that made new lower inodes they reach the old ones, which
     /// the lower deleted; before a rename they would keep the replaced inode referenced.
     /// Their names stay; a name under a directory that lost its own names resolves through
-    /// it and fails with `ESTALE` (the kernel then looks the path up again).
-    fn drop_fds(&self, inode: &Arc<Inode>) {
+    /// it and fails with `ESTALE` (the kernel then looks the path up again). Returns the
+    /// nodeids it covered (`inode` first).
+    fn drop_fds(&self, inode: &Arc<Inode>) -> Vec<u64> {
         let mut gone = vec![inode.nodeid];
         if inode.fmt == libc::S_IFDIR {
             gone.extend(
@@ -217,6 +223,7 @@ impl Fs {
             gone.iter().filter_map(|id| cache.pop(id)).collect()
         };
         drop(evicted); // closes outside the lock
+        gone
     }
 
     /// LINK: a new name for `nodeid`; the same nodeid is returned (hard links share identity).

@@ -747,11 +747,15 @@ fn a_rename_that_makes_a_new_lower_inode_detaches_the_moved_one() {
     fs.release(e.nodeid, fh).unwrap();
     cache_fd(&fs, e.nodeid);
     assert_eq!(fs.cached_fds(), 1);
+    let old_key = fs.inodes.get(e.nodeid).unwrap().key;
 
     let renamed =
         rename_on_copying_lower(&fs, dir.path(), &["g"], (ROOT_ID, "f"), (ROOT_ID, "g"), 0);
     assert_eq!(renamed.stale, vec![(ROOT_ID, OsString::from("g"))]);
     assert_eq!(fs.cached_fds(), 0, "the old lower inode's fd is dropped");
+    // The deleted original's inode number is free for the lower to reuse (ext4 does at once):
+    // it must not lead back to the detached nodeid.
+    assert!(fs.inodes.by_key(old_key).is_none());
     // The kernel's old nodeid no longer reaches anything (it would be the deleted original).
     assert_eq!(
         fs.getattr(e.nodeid, None).unwrap_err().raw_errno(),
