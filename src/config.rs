@@ -61,6 +61,22 @@ pub struct RelayOptions {
     /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
     #[serde(with = "humantime_serde_shim")]
     pub spin: Duration,
+    /// Let the kernel send READs and WRITEs up to the daemon's own `max_write` and split those
+    /// larger than the cap inside the relay ([`crate::relay::split`]).
+    pub split_large_requests: bool,
+    /// How a split READ's parts go to the daemon.
+    pub read_parts: ReadParts,
+}
+
+/// How a split READ's parts go to the daemon (`relay --read-parts`; see
+/// [`crate::relay::split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadParts {
+    /// One after another, in offset order.
+    InOrder,
+    /// All at once.
+    AtOnce,
 }
 
 /// How a clean stop triggered by SIGTERM ends (`relay --clean-sigterm-exit`).

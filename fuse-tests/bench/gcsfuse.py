@@ -14,7 +14,10 @@ its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max
 - `relay`:    `drainfs relay --socket-buffer 212992` (default `--spin auto`) over gcsfuse on
               `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI driver makes it
               (fd=N, the sidecar as uid 65534 without capabilities);
-- `relay-0s`: the same with `--spin 0s`.
+- `relay-0s`: the same with `--spin 0s`;
+- `relay-capped` (only with `--targets`): the same with `--split-large-requests false`, the
+              kernel capped at the relay's 128 KiB instead of the relay splitting larger
+              READs and WRITEs (what the relay did before it split).
 
 fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
 (1 and 4 threads); each repetition runs every case on every target back to back, in an order
@@ -79,9 +82,10 @@ from benchlib import (  # noqa: E402
 log = benchlib.log
 
 TARGETS = ["raw", "auto", "never", "relay", "relay-0s"]
+KNOWN_TARGETS = TARGETS + ["relay-capped"]
 CACHES = ["off", "on"]
 # The issue's targets, as a fraction of raw gcsfuse on every fio job.
-GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-0s": 0.9}
+GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
 ARRANGEMENTS = ["stock", "relay", "mount"]
 
 PROFILES = {
@@ -160,7 +164,8 @@ class Target:
                 cmd += ["--passthrough", "never"]
             cmd += ["--", *self.gcsfuse_argv(self.lower)]
         else:
-            spin = ["--spin", "0s"] if self.name == "relay-0s" else []
+            spin = {"relay-0s": ["--spin", "0s"],
+                    "relay-capped": ["--split-large-requests", "false"]}.get(self.name, [])
             cmd = [self.ctx.fake_node_driver, "--mountpoint", self.mnt, "--ready-timeout", "60s", "--",
                    self.ctx.drainfs, "relay", "--socket-buffer", str(SOCKET_BUFFER),
                    "--summary-file", self.summary_path, *spin, "--", *self.gcsfuse_argv("/dev/fd/3")]
@@ -198,6 +203,14 @@ class Target:
         if self.name in ("auto", "never"):
             return self.proc.pid
         c = child_pids(self.proc.pid)
+        return c[0] if c else None
+
+    def gcsfuse_pid(self):
+        """This target's gcsfuse process, or None when it cannot be found."""
+        if self.name == "raw":
+            return self.proc.pid
+        parent = self.proc.pid if self.name in ("auto", "never") else self.drainfs_pid()
+        c = child_pids(parent) if parent else []
         return c[0] if c else None
 
     def data_path(self):
@@ -317,8 +330,17 @@ def part_throughput(ctx, raw):
                             drop_lower_cache(t, which, nj)
                             out = os.path.join(ctx.results, f"fio-{key}-nj{nj}-{cache}-{name}-rep{rep}.json")
                             extra = ["--direct=1"] if direction == "read" else []
-                            v = benchlib.fio_value(benchlib.run_fio(ctx.p, ini, d, nj, out, extra), direction, unit)
+                            pids = (t.gcsfuse_pid(), t.drainfs_pid())
+                            job0 = [proc_cpu_secs(p) if p else 0.0 for p in pids]
+                            doc = benchlib.run_fio(ctx.p, ini, d, nj, out, extra)
+                            job1 = [proc_cpu_secs(p) if p else 0.0 for p in pids]
+                            v = benchlib.fio_value(doc, direction, unit)
                             raw["fio"].setdefault(f"{cache}/{key}/nj{nj}/{name}", []).append(v)
+                            # CPU-seconds of gcsfuse and of drainfs per GiB fio moved in this job.
+                            gib = doc["jobs"][0][direction]["io_bytes"] / 2**30
+                            if gib > 0:
+                                raw["cpu_per_gib"].setdefault(f"{cache}/{key}/nj{nj}/{name}", []).append(
+                                    [(b - a) / gib for a, b in zip(job0, job1)])
                             log(f"fio {i}/{n_total} rep{rep} cache {cache} {key} nj{nj} {name}: {v:,.1f} {unit} "
                                 f"(load {benchlib.loadavg()})")
             for cache in CACHES:
@@ -341,6 +363,12 @@ def part_throughput(ctx, raw):
                 raw["stops"][t.key] = t.stop()
             except BenchError as e:
                 errors.append(str(e))
+            if t.sidecar:
+                try:
+                    with open(t.summary_path) as f:
+                        raw["relay_profile"][t.key] = (json.load(f).get("relay") or {}).get("profile")
+                except (OSError, ValueError):
+                    pass
         if errors:
             raise BenchError("; ".join(errors))
 
@@ -567,6 +595,38 @@ def throughput_table(ctx, raw):
     return render(rows)
 
 
+def cpu_table(ctx, raw):
+    """CPU-seconds per GiB moved, gcsfuse / drainfs, per fio job and target (medians)."""
+    f = benchlib.fmt_num
+    rows = [["CPU s per GiB (gcsfuse / drainfs)"] + TARGETS]
+    for cache in CACHES:
+        for key, _, _, _ in benchlib.FIO_JOBS:
+            for nj in ctx.p["numjobs"]:
+                row = [f"cache {cache}: fio {key} nj{nj}"]
+                for t in TARGETS:
+                    v = raw["cpu_per_gib"].get(f"{cache}/{key}/nj{nj}/{t}")
+                    if not v:
+                        row.append("")
+                        continue
+                    g = statistics.median(x[0] for x in v)
+                    d = statistics.median(x[1] for x in v)
+                    row.append(f"{f(g)} / {f(d)}" if t != "raw" else f(g))
+                rows.append(row)
+    return render(rows)
+
+
+def profile_lines(raw):
+    """The relay's instrument, per relay target: time in its two hops, READ/WRITE sizes."""
+    out = []
+    for k, p in sorted(raw["relay_profile"].items()):
+        if not p:
+            continue
+        out.append(f"{k}: to_daemon {p['to_daemon']['count']} msgs mean {p['to_daemon']['mean_us']:.1f} us; "
+                   f"to_kernel {p['to_kernel']['count']} msgs mean {p['to_kernel']['mean_us']:.1f} us; "
+                   f"READ sizes {p['read_sizes']}; WRITE sizes {p['write_sizes']}")
+    return out
+
+
 def tail_table(ctx, raw):
     rows = [["stop", "arrangement", "runs", "tail p50 (ms)", "tail p95 (ms)", "max (ms)", "bytes closed", "bytes lost",
              "sidecar exit", "the sidecar on its child", "gcsfuse exit", "error-file lines"]]
@@ -614,6 +674,8 @@ def main():
     ap.add_argument("--tail-runs", type=int, help="tail runs per arrangement, native SIGTERM (default 20, smoke 1)")
     ap.add_argument("--exit-file-runs", type=int, help="tail runs per arrangement, exit file (default 5, smoke 0)")
     ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
+    ap.add_argument("--targets", help="part 1's targets, comma-separated, raw first (default "
+                    + ",".join(TARGETS) + "; also: relay-capped)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("gcsfuse bench: must run as root")
@@ -630,6 +692,11 @@ def main():
         if getattr(a, k):
             ctx.p[k] = [int(x) for x in getattr(a, k).split(",")]
     parts = set(a.parts.split(","))
+    if a.targets:
+        chosen = a.targets.split(",")
+        if chosen[0] != "raw" or len(chosen) < 2 or any(t not in KNOWN_TARGETS for t in chosen):
+            sys.exit(f"gcsfuse bench: --targets must start with raw and name some of {KNOWN_TARGETS}")
+        TARGETS[:] = chosen
     ctx.work = os.path.abspath(a.workdir)
     ctx.logs = os.path.join(ctx.work, "logs")
     ctx.lowers_dir = os.path.join(ctx.work, "lowers")
@@ -657,7 +724,8 @@ def main():
         "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
                                    text=True).stdout.strip(),
     }
-    raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "stops": {}, "data_path": {}, "tail": []}
+    raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "cpu_per_gib": {}, "relay_profile": {}, "stops": {},
+           "data_path": {}, "tail": []}
     t0 = time.monotonic()
     load_start = benchlib.loadavg()
     ok = False
@@ -691,6 +759,10 @@ def main():
     out = [header]
     if raw["fio"]:
         out += ["", "Part 1: throughput (ratios to raw gcsfuse with the same cache setting)", throughput_table(ctx, raw)]
+        out += ["", "CPU-seconds per GiB moved (fio's bytes), medians", cpu_table(ctx, raw)]
+        prof = profile_lines(raw)
+        if prof:
+            out += ["", "The relay's instrument (whole part 1, from its summary)"] + prof
         dp = raw["data_path"].get("off/auto")
         if dp:
             out.append("drainfs auto on fuse.gcsfuse: " + dp[-220:])

@@ -290,15 +290,24 @@ fn relay_runs_unprivileged_and_the_daemon_never_holds_dev_fuse() {
 
     let st = s.status();
     assert_eq!(st["data_path"], "relay", "{st:#}");
-    // fuser asks for 16 MiB writes; every message must fit one datagram of the socket the
-    // relay obtained (SO_SNDBUF 212992, doubled by the kernel).
-    let max_write = find_key(&st, "max_write")
-        .and_then(|v| v.as_u64())
-        .unwrap_or_else(|| panic!("no max_write in /status: {st:#}"));
+    // fuser asks for 16 MiB writes. The kernel gets 1 MiB (the relay splits larger READs and
+    // WRITEs), while every message the daemon sends (the relay's cap) fits one datagram of the
+    // socket the relay obtained (SO_SNDBUF 212992, doubled by the kernel).
+    let num = |key: &str| {
+        find_key(&st, key)
+            .and_then(|v| v.as_u64())
+            .unwrap_or_else(|| panic!("no {key} in /status: {st:#}"))
+    };
+    assert_eq!(num("max_write"), 1 << 20, "{st:#}");
+    assert_eq!(num("kernel_cap"), 1 << 20, "{st:#}");
+    let cap = st["relay"]["cap"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no relay.cap in /status: {st:#}"));
     assert!(
-        (4096..=2 * 212_992).contains(&max_write),
-        "max_write {max_write} is not capped to the socket: {st:#}"
+        (4096..=2 * 212_992).contains(&cap),
+        "the daemon's cap {cap} does not fit the socket: {st:#}"
     );
+    assert!((cap..=2 * 212_992).contains(&num("write_part")), "{st:#}");
 
     let e = s.stop(Duration::from_secs(15));
     assert_eq!(e.code, Some(0), "{e}");

@@ -171,7 +171,10 @@ fn relay_serves_data_and_stops_cleanly_on_sigterm() {
     // defaults to 128 KiB.
     assert_eq!(r["buffer_cap"], 408 * 1024);
     assert_eq!(r["cap"], 128 * 1024);
-    assert_eq!(r["init"]["max_write"], 128 * 1024);
+    // The kernel keeps the daemon's 1 MiB; the relay splits what is larger than the cap.
+    assert_eq!(r["kernel_cap"], 1 << 20);
+    assert_eq!(r["init"]["max_write"], 1 << 20);
+    assert_eq!(r["write_part"], 408 * 1024);
     assert_eq!(r["counts"]["protocol_errors"], 0);
     assert_eq!(r["counts"]["answered_send_failed"], 0);
     assert!(s["counts"]["requests"].as_u64().unwrap() > 10, "{s:#}");
@@ -458,7 +461,7 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
     assert_eq!(st["phase"], "serving");
     assert!(st["outstanding"]["in_flight"].as_i64().unwrap() >= 1);
     assert_eq!(st["outstanding"]["open_write"], 1, "{st:#}");
-    assert_eq!(st["relay"]["init"]["max_write"], 128 * 1024);
+    assert_eq!(st["relay"]["init"]["max_write"], 1 << 20);
     assert_eq!(st["relay"]["sndbuf_relay"], 2 * 212_992);
     let (_, metrics) = http("GET", &format!("{base}/metrics"));
     assert!(

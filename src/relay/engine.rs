@@ -45,6 +45,8 @@
 //!   reply, completing the request, answering EIO what the kernel or the daemon got wrong;
 //! - `engine/own_requests.rs`: the relay's own requests: its FSYNC before a RELEASE, the held
 //!   RELEASE, its answer to an OPEN the daemon answered ENOSYS;
+//! - `engine/split_io.rs`: READs and WRITEs larger than the daemon's cap sent as parts and
+//!   answered once ([`crate::relay::split`] decides);
 //! - `engine/init_handshake.rs`: INIT: the request's and the reply's rewrite, a refused INIT,
 //!   an INIT the socket cannot carry, an INIT the daemon did not answer in time;
 //! - `engine/notifier.rs`: the notifier thread that writes the daemon's notifications to the
@@ -52,6 +54,7 @@
 //! - `engine/end_of_stream.rs`: the end of either side: where the relay closes the daemon's
 //!   socket ([`Relay::stop`], SHUT_WR), the kernel side going away, the daemon's EOF, and
 //!   answering every request in flight EIO;
+//! - `engine/profile.rs`: the instrument: time in the relay's two hops, READ and WRITE sizes;
 //! - `engine/status.rs`: [`RelayStatus`] and the counters, open files and flags the lifecycle
 //!   reads, and the door it closes.
 
@@ -59,16 +62,19 @@ mod end_of_stream;
 mod init_handshake;
 mod notifier;
 mod own_requests;
+mod profile;
 mod pump;
 mod replies;
 mod requests;
+mod split_io;
 mod status;
 
+pub use profile::{HopSnapshot, ProfileSnapshot};
 pub use status::RelayStatus;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
 use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
@@ -78,6 +84,7 @@ use parking_lot::Mutex;
 
 use super::inflight::Inflight;
 use super::init::{self, InitCaps};
+use super::split::{ReadParts, Splits};
 use crate::accounting::Accounting;
 
 /// Sizes the engine works with, derived from the socket buffers obtained.
@@ -98,6 +105,17 @@ pub struct Limits {
     pub sndbuf_relay: usize,
     /// SO_SNDBUF of the daemon's end, as read back.
     pub sndbuf_daemon: usize,
+    /// The payload cap the kernel is given in INIT (its `max_write` and `max_pages`, at most
+    /// the daemon's own): [`Limits::cap`], or with [`Limits::splitting`] 1 MiB, the READs and
+    /// WRITEs above `cap` then being split by the relay ([`crate::relay::split`]).
+    pub kernel_cap: Option<u32>,
+    /// Largest WRITE part the relay sends (bytes, whole pages, at least `cap`): what one
+    /// datagram of the relay's end carries, at most 1 MiB (and at most the daemon's
+    /// `max_write`, applied at INIT). Only the relay sends WRITE data, and it retries its own
+    /// sends, so this may exceed `cap`, which bounds what the daemon sends.
+    pub write_part: u32,
+    /// How a split READ's parts go to the daemon (`--read-parts`).
+    pub read_parts: ReadParts,
 }
 
 impl Limits {
@@ -114,7 +132,33 @@ impl Limits {
             daemon_recv_buffer: dgram(sndbuf_daemon).clamp(init::read_buffer(cap), 16 << 20),
             sndbuf_relay,
             sndbuf_daemon,
+            kernel_cap: cap,
+            write_part: cap.unwrap_or(0),
+            read_parts: ReadParts::InOrder,
         }
+    }
+
+    /// These limits with READs and WRITEs larger than `cap` split by the relay: the kernel is
+    /// given up to 1 MiB ([`init::MAX_CAP`]), WRITE parts are as large as one datagram of the
+    /// relay's end carries, READ parts go as `read_parts` says. Unchanged when the socket
+    /// cannot carry a minimal message.
+    pub fn splitting(self, read_parts: ReadParts) -> Limits {
+        let Some(cap) = self.cap else { return self };
+        let room = self
+            .datagram_limit
+            .saturating_sub(init::HEADROOM as usize)
+            .min(init::MAX_CAP as usize) as u32;
+        Limits {
+            kernel_cap: Some(init::MAX_CAP),
+            write_part: (room / init::PAGE * init::PAGE).max(cap),
+            read_parts,
+            ..self
+        }
+    }
+
+    /// Whether READs and WRITEs above `cap` are split ([`Limits::splitting`]).
+    pub fn splits(&self) -> bool {
+        self.kernel_cap > self.cap
     }
 }
 
@@ -165,6 +209,13 @@ pub struct Relay {
     notify_discard: AtomicBool,
     /// Set by the notifier thread as it ends.
     notifier_done: AtomicBool,
+    /// READs and WRITEs split into parts, while their parts are answered. A leaf lock.
+    splits: Mutex<Splits>,
+    /// Hop timings and message sizes.
+    profile: profile::Profile,
+    /// The WRITE part size: [`Limits::write_part`], at most the daemon's `max_write` once INIT
+    /// is answered.
+    write_part: AtomicU32,
     on_event: OnEvent,
 }
 
@@ -223,6 +274,9 @@ impl Relay {
             notify_tx: Mutex::new(Some(notify_tx)),
             notify_discard: AtomicBool::new(false),
             notifier_done: AtomicBool::new(false),
+            splits: Mutex::new(Splits::default()),
+            profile: profile::Profile::default(),
+            write_part: AtomicU32::new(limits.write_part),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);
@@ -270,5 +324,7 @@ impl Relay {
     }
 }
 
+#[cfg(test)]
+mod split_tests;
 #[cfg(test)]
 mod tests;

@@ -178,6 +178,10 @@ pub struct Counters {
     pub protocol_errors: u64,
     /// Replies for a `unique` the relay had no record of.
     pub unknown_replies: u64,
+    /// Kernel READs and WRITEs the relay split into parts ([`crate::relay::split`]).
+    pub split_requests: u64,
+    /// Parts sent for them.
+    pub split_parts: u64,
 }
 
 /// The relay's state. See the module doc for the counting invariant.

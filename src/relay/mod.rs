@@ -8,6 +8,8 @@
 //! - [`init`]: the message-size cap and the INIT rewrite (pure);
 //! - [`inflight`]: in-flight map, open handles and door decisions (pure state);
 //! - [`names`]: paths of nodeids, for naming open files (pure state);
+//! - [`split`]: large READs and WRITEs split into parts the daemon's datagrams can carry
+//!   (pure state);
 //! - [`engine`]: the running relay: its pump thread between the kernel's fd and the daemon's
 //!   socket, the notifier thread, the relay's own requests, INIT, the end of the stream
 //!   (where the daemon's socket is closed) and the status (its module doc maps its files);
@@ -19,6 +21,7 @@ pub mod init;
 pub mod names;
 pub mod proto;
 pub mod run;
+pub mod split;
 
 #[cfg(test)]
 mod prop_tests;

@@ -87,7 +87,10 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
     };
     let requested = opts.socket_buffer.or_else(wmem_max).unwrap_or(212_992);
     let p = plumb(kernel, requested).map_err(|e| undo((ExitCode::Failed, e)))?;
-    let limits = Limits::from_sndbufs(p.sndbuf_relay, p.sndbuf_daemon, opts.max_message);
+    let mut limits = Limits::from_sndbufs(p.sndbuf_relay, p.sndbuf_daemon, opts.max_message);
+    if opts.split_large_requests {
+        limits = limits.splitting(opts.read_parts);
+    }
     tracing::info!(
         kernel_fd = p.kernel.as_raw_fd(),
         requested,
@@ -95,6 +98,8 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
         sndbuf_daemon = p.sndbuf_daemon,
         cap = ?limits.cap,
         buffer_cap = ?limits.buffer_cap,
+        kernel_cap = ?limits.kernel_cap,
+        write_part = limits.write_part,
         max_message = opts.max_message,
         spin_us = opts.spin.as_micros() as u64,
         "relay: socketpair ready"

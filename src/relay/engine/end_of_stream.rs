@@ -35,6 +35,7 @@ impl Relay {
     /// socket end). Returns how many requests were answered.
     pub fn fail_all(&self) -> usize {
         // Counted before the answers are written: whoever sees an answer sees it counted.
+        self.splits.lock().clear();
         let gone = {
             let mut s = self.state.lock();
             let gone = s.daemon_gone();

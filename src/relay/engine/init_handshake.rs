@@ -49,9 +49,16 @@ impl Relay {
             self.emit(EngineEvent::InitRefused(-h.error));
             return;
         }
-        if let Some(cap) = self.limits.cap {
+        if let Some(cap) = self.limits.kernel_cap {
             let mut owned = msg.to_vec();
             if let Some(caps) = init::rewrite_init_reply(&mut owned, cap) {
+                // WRITE parts fit the daemon's read buffer, sized for its own max_write.
+                let part = self
+                    .limits
+                    .write_part
+                    .min(caps.daemon_max_write / init::PAGE * init::PAGE);
+                self.write_part
+                    .store(part.max(self.limits.cap.unwrap_or(0)), Ordering::Relaxed);
                 tracing::info!(
                     minor = caps.minor,
                     daemon_max_write = caps.daemon_max_write,

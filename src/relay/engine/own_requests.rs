@@ -9,7 +9,7 @@
 //!   comes and writers would be invisible.
 
 use super::Relay;
-use super::pump::PumpIo;
+use super::pump::{Outgoing, PumpIo};
 use crate::relay::proto::{self, InHeader, OutHeader};
 
 impl Relay {
@@ -37,8 +37,8 @@ impl Relay {
         if self.send(&fsync, io).is_err() {
             // Counted as a failed flush when taken; the RELEASE goes on.
             drop(self.state.lock().take(fsync_unique));
-            if let Some(held) = io.held.remove(&fsync_unique) {
-                io.outbox.push_back(held);
+            if let Some((msg, local)) = io.held.remove(&fsync_unique) {
+                io.outbox.push_back(Outgoing::Release(msg, local));
             }
         }
     }
@@ -55,8 +55,8 @@ impl Relay {
             }
             s.complete(h.unique);
         }
-        if let Some(held) = io.held.remove(&h.unique) {
-            io.outbox.push_back(held);
+        if let Some((msg, local)) = io.held.remove(&h.unique) {
+            io.outbox.push_back(Outgoing::Release(msg, local));
         }
     }
 

@@ -1,7 +1,7 @@
 //! The pump thread: the loop that moves messages between the kernel's fd and the daemon's
 //! socket, and its waiting. Each turn it receives up to [`BATCH`] daemon messages (each one
 //! unblocks a caller), forwards the RELEASEs whose FSYNC was answered, then reads one kernel
-//! request; with nothing ready it spins for the configured time ([`SpinPolicy`]) and then blocks
+//! request (split WRITEs send their next parts there too); with nothing ready it spins for the configured time ([`SpinPolicy`]) and then blocks
 //! in `poll(2)` on both fds. A send to the daemon that finds the socket full keeps receiving the
 //! daemon's replies while it waits for room ([`Relay::send`]). What each message does is in
 //! [`super::requests`] and [`super::replies`]; what ends each side in [`super::end_of_stream`].
@@ -31,8 +31,19 @@ pub(super) struct PumpIo {
     /// RELEASE requests waiting for the relay's own FSYNC, by that FSYNC's unique, with
     /// whether the relay answers the RELEASE itself (a handle it opened).
     pub(super) held: HashMap<u64, (Vec<u8>, bool)>,
-    /// RELEASE requests whose FSYNC was answered, to forward (or answer) next.
-    pub(super) outbox: VecDeque<(Vec<u8>, bool)>,
+    /// Messages to the daemon that a reply made ready, sent before the next kernel request.
+    pub(super) outbox: VecDeque<Outgoing>,
+}
+
+/// A message to the daemon that a daemon reply made ready (the pump sends it next, not from
+/// inside the reply's handling, where a full socket would have it receive replies again).
+#[derive(Debug)]
+pub(super) enum Outgoing {
+    /// A RELEASE whose FSYNC of the relay's own was answered, with whether the relay answers
+    /// it itself (a handle it opened).
+    Release(Vec<u8>, bool),
+    /// The next part of the split WRITE of the kernel's `unique`.
+    Part(u64, Vec<u8>),
 }
 
 /// What the pump handled last.
@@ -110,7 +121,7 @@ impl Relay {
     /// then drops the notifier's queue, which ends the notifier once it has written the rest.
     pub(super) fn pump(self: Arc<Self>) {
         let mut io = PumpIo {
-            kbuf: vec![0u8; init::read_buffer(self.limits.cap)],
+            kbuf: vec![0u8; init::read_buffer(self.limits.kernel_cap)],
             dbuf: vec![0u8; self.limits.daemon_recv_buffer],
             kernel_open: true,
             daemon_open: true,
@@ -135,8 +146,13 @@ impl Relay {
                 last = Some(Handled::Reply);
             }
             // RELEASEs whose FSYNC was answered, before any new kernel request.
-            while let Some((msg, local)) = io.outbox.pop_front() {
-                self.release_held(&msg, local, &mut io);
+            while let Some(out) = io.outbox.pop_front() {
+                match out {
+                    Outgoing::Release(msg, local) => self.release_held(&msg, local, &mut io),
+                    Outgoing::Part(unique, msg) => {
+                        self.send_part(unique, &msg, &mut io);
+                    }
+                }
                 last = Some(Handled::Request);
             }
             if io.kernel_open && self.read_one(&mut io) {
@@ -221,9 +237,11 @@ impl Relay {
                 return false;
             }
         };
+        let t0 = Instant::now();
         let mut kbuf = std::mem::take(&mut io.kbuf);
         self.on_request(&mut kbuf[..n], io);
         io.kbuf = kbuf;
+        self.profile.to_daemon.observe(t0.elapsed());
         true
     }
 
@@ -246,9 +264,11 @@ impl Relay {
                 return true;
             }
             Ok(n) => {
+                let t0 = Instant::now();
                 let dbuf = std::mem::take(&mut io.dbuf);
                 self.on_reply(&dbuf[..n], io);
                 io.dbuf = dbuf;
+                self.profile.to_kernel.observe(t0.elapsed());
                 return true;
             }
             Err(Errno::EAGAIN | Errno::EINTR) => return false,

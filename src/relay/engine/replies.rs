@@ -1,7 +1,8 @@
 //! A daemon message, daemon → kernel, routed by its `unique`: 0 is a notification (queued for
 //! [`super::notifier`]); the interrupt bit marks an interrupt reply (passed through, never
 //! completing anything); one of the relay's own uniques answers its FSYNC
-//! ([`super::own_requests`]); any other answers a kernel request, which
+//! ([`super::own_requests`]) or is a part of a split request ([`super::split_io`]); any
+//! other answers a kernel request, which
 //! [`Inflight::on_reply`](crate::relay::inflight::Inflight::on_reply) sees before the reply is
 //! written to the kernel and completes after ([`Relay::finish`]). A message that does not parse,
 //! or carries an error the kernel would not take, is answered EIO to its caller.
@@ -12,6 +13,7 @@ use super::Relay;
 use super::pump::PumpIo;
 use crate::relay::inflight::is_own_unique;
 use crate::relay::proto::{self, Opcode, OutHeader};
+use crate::relay::split::is_part_unique;
 
 impl Relay {
     /// Handles one daemon message (one datagram).
@@ -37,7 +39,9 @@ impl Relay {
         if !self.error_is_valid(&h, msg) {
             return;
         }
-        if is_own_unique(h.unique) {
+        if is_part_unique(h.unique) {
+            self.on_part_reply(&h, msg, io);
+        } else if is_own_unique(h.unique) {
             self.on_own_reply(&h, msg, io);
         } else {
             self.on_kernel_reply(&h, msg);
@@ -64,7 +68,7 @@ impl Relay {
     /// The reply to a kernel request: seen by the in-flight state first (handles, names,
     /// failed flushes), then written to the kernel (an OPEN answered ENOSYS and INIT have their
     /// own answers) and completed.
-    fn on_kernel_reply(&self, h: &OutHeader, msg: &[u8]) {
+    pub(super) fn on_kernel_reply(&self, h: &OutHeader, msg: &[u8]) {
         let pending = self
             .state
             .lock()
@@ -100,6 +104,7 @@ impl Relay {
     /// with EINVAL), and the lock is not reentrant. A `take` in an `if let` or `match`
     /// scrutinee would hold the lock for the whole block.
     pub(super) fn answer_eio(&self, unique: u64) -> bool {
+        self.splits.lock().cancel(unique);
         let pending = self.state.lock().take(unique);
         let Some(mut p) = pending else {
             return false;

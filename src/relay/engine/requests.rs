@@ -21,6 +21,18 @@ impl Relay {
             Ok(h) => h,
             Err(e) => return self.on_malformed_request(msg, e),
         };
+        // `fuse_read_in.size` sits where `fuse_write_in.size` does.
+        match h.opcode {
+            Opcode::Read => self
+                .profile
+                .read_sizes
+                .count(proto::write_size(InHeader::body(msg)).unwrap_or(0)),
+            Opcode::Write => self
+                .profile
+                .write_sizes
+                .count(proto::write_size(InHeader::body(msg)).unwrap_or(0)),
+            _ => {}
+        }
         if h.opcode == Opcode::Init && self.limits.cap.is_none() {
             return self.refuse_init_too_small(h.unique);
         }
@@ -29,7 +41,9 @@ impl Relay {
                 if h.opcode == Opcode::Init {
                     self.on_init_request(h.unique, msg);
                 }
-                self.forward(&h, msg, io);
+                if !self.forward_split(&h, msg, io) {
+                    self.forward(&h, msg, io);
+                }
             }
             Admit::Reply(errno) => {
                 tracing::debug!(

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
+use super::profile::ProfileSnapshot;
 use super::{Limits, Relay};
 use crate::accounting::{HandleMode, Outstanding};
 use crate::relay::inflight::Counters;
@@ -38,6 +39,12 @@ pub struct RelayStatus {
     pub known_nodeids: usize,
     /// Counters.
     pub counts: Counters,
+    /// The payload cap the kernel was given (bytes; above `cap`, READs and WRITEs are split).
+    pub kernel_cap: Option<u32>,
+    /// The WRITE part size in use (bytes).
+    pub write_part: u32,
+    /// Where messages' time goes inside the relay, and READ/WRITE sizes.
+    pub profile: ProfileSnapshot,
 }
 
 impl Relay {
@@ -72,6 +79,9 @@ impl Relay {
             daemon_gone: s.is_daemon_gone(),
             known_nodeids: s.known_names(),
             counts: s.counters.clone(),
+            kernel_cap: self.limits.kernel_cap,
+            write_part: self.write_part.load(Ordering::Relaxed),
+            profile: self.profile.snapshot(),
         }
     }
 

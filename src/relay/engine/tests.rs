@@ -21,10 +21,10 @@ const T: Duration = Duration::from_secs(5);
 /// The pump's spin in these tests.
 const SPIN: Duration = Duration::from_micros(50);
 
-struct Harness {
-    kernel: OwnedFd,
-    daemon: Option<OwnedFd>,
-    relay: Arc<Relay>,
+pub(super) struct Harness {
+    pub(super) kernel: OwnedFd,
+    pub(super) daemon: Option<OwnedFd>,
+    pub(super) relay: Arc<Relay>,
     events: mpsc::Receiver<EngineEvent>,
 }
 
@@ -38,7 +38,7 @@ fn pair() -> (OwnedFd, OwnedFd) {
     .unwrap()
 }
 
-fn start_with(limits: Limits) -> Harness {
+pub(super) fn start_with(limits: Limits) -> Harness {
     let (k_test, k_relay) = pair();
     let (d_relay, d_test) = pair();
     let (tx, rx) = mpsc::channel();
@@ -67,7 +67,7 @@ fn start() -> Harness {
 }
 
 /// One message from `fd` within `T`, or `None` on timeout; `Some(vec![])` is EOF.
-fn recv_within(fd: &OwnedFd, t: Duration) -> Option<Vec<u8>> {
+pub(super) fn recv_within(fd: &OwnedFd, t: Duration) -> Option<Vec<u8>> {
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
     let n = poll(
         &mut fds,
@@ -83,24 +83,24 @@ fn recv_within(fd: &OwnedFd, t: Duration) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn recv(fd: &OwnedFd) -> Vec<u8> {
+pub(super) fn recv(fd: &OwnedFd) -> Vec<u8> {
     recv_within(fd, T).expect("no message within 5 s")
 }
 
-fn send(fd: &OwnedFd, msg: &[u8]) {
+pub(super) fn send(fd: &OwnedFd, msg: &[u8]) {
     nix::sys::socket::send(fd.as_raw_fd(), msg, MsgFlags::empty()).unwrap();
 }
 
 impl Harness {
-    fn d(&self) -> &OwnedFd {
+    pub(super) fn d(&self) -> &OwnedFd {
         self.daemon.as_ref().unwrap()
     }
 
-    fn event(&self) -> EngineEvent {
+    pub(super) fn event(&self) -> EngineEvent {
         self.events.recv_timeout(T).expect("no engine event")
     }
 
-    fn wait_outstanding(&self, f: impl Fn(&Outstanding) -> bool) -> Outstanding {
+    pub(super) fn wait_outstanding(&self, f: impl Fn(&Outstanding) -> bool) -> Outstanding {
         let deadline = Instant::now() + T;
         loop {
             let o = self.relay.outstanding();
@@ -112,11 +112,11 @@ impl Harness {
     }
 }
 
-fn unique_of(m: &[u8]) -> u64 {
+pub(super) fn unique_of(m: &[u8]) -> u64 {
     proto::u64_at(m, 8).unwrap()
 }
 
-fn init_in(flags: u32, flags2: u32) -> Vec<u8> {
+pub(super) fn init_in(flags: u32, flags2: u32) -> Vec<u8> {
     let mut b = vec![0u8; 64];
     put_u32(&mut b, 0, 7);
     put_u32(&mut b, 4, 44);
@@ -126,7 +126,7 @@ fn init_in(flags: u32, flags2: u32) -> Vec<u8> {
     b
 }
 
-fn init_out(max_write: u32, flags: u32, max_pages: u16) -> Vec<u8> {
+pub(super) fn init_out(max_write: u32, flags: u32, max_pages: u16) -> Vec<u8> {
     let mut b = vec![0u8; 64];
     put_u32(&mut b, 0, 7);
     put_u32(&mut b, 4, 34);
