@@ -112,8 +112,77 @@ def statfs_within(path, timeout):
     return done.wait(timeout) and not err
 
 
+class CpuLimit:
+    """A CPU limit of `cpus` CPUs (0.25, 1, ...) for each target: every target's processes
+    (gcsfuse, drainfs, fake-node-driver) run in a cgroup of their own, as a sidecar container's
+    processes share its limit. cgroup v2's `cpu.max` where the unified hierarchy has the cpu
+    controller, else cgroup v1's `cpu.cfs_quota_us` (hybrid hosts); period 100 ms. Each cgroup
+    is listed in WORK/cgroups for gcsfuse.sh's EXIT trap and removed by close()."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, cpus, work):
+        if not 0.01 <= cpus <= (os.cpu_count() or 1):
+            raise BenchError(f"--cpu-limit {cpus}: must be between 0.01 and the {os.cpu_count()} CPUs here")
+        self.cpus, self.work = cpus, work
+        self.quota = int(cpus * self.PERIOD_US)
+        v2 = "/sys/fs/cgroup/cgroup.controllers"
+        if os.path.exists(v2) and "cpu" in open(v2).read().split():
+            self.v2, base = True, "/sys/fs/cgroup"
+        elif os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+            self.v2, base = False, "/sys/fs/cgroup/cpu"
+        else:
+            raise BenchError("--cpu-limit: no cgroup cpu controller (neither v2 cpu.max nor v1 cpu.cfs_quota_us)")
+        self.parent = os.path.join(base, f"drainfs-bench-{os.getpid()}")
+        self.made = []
+        self._mkdir(self.parent)
+        if self.v2:
+            with open(os.path.join(self.parent, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+
+    def _mkdir(self, d):
+        with open(os.path.join(self.work, "cgroups"), "a") as f:
+            f.write(d + "\n")
+        os.mkdir(d)
+        self.made.append(d)
+
+    def cgroup(self, name):
+        """A new cgroup with the limit; returns its directory."""
+        d = os.path.join(self.parent, name)
+        self._mkdir(d)
+        if self.v2:
+            with open(os.path.join(d, "cpu.max"), "w") as f:
+                f.write(f"{self.quota} {self.PERIOD_US}")
+        else:
+            with open(os.path.join(d, "cpu.cfs_period_us"), "w") as f:
+                f.write(str(self.PERIOD_US))
+            with open(os.path.join(d, "cpu.cfs_quota_us"), "w") as f:
+                f.write(str(self.quota))
+        return d
+
+    @staticmethod
+    def wrap(cgroup_dir, cmd):
+        """`cmd` started inside `cgroup_dir` (its children follow it there)."""
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup_dir, *cmd]
+
+    def throttled(self, cgroup_dir):
+        """Microseconds the cgroup was throttled so far (its cpu.stat)."""
+        with open(os.path.join(cgroup_dir, "cpu.stat")) as f:
+            st = dict(line.split() for line in f if line.strip())
+        return int(st.get("throttled_usec", int(st.get("throttled_time", 0)) // 1000))
+
+    def close(self):
+        """Removes the cgroups (they are empty once the targets stopped)."""
+        for d in reversed(self.made):
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                log(f"cpu limit: could not remove {d}: {e}")
+        self.made = []
+
+
 class Ctx:
-    pass
+    cpu = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +202,7 @@ class Target:
         self.log_path = os.path.join(ctx.logs, f"{cache}-{name}.log")
         self.gcsfuse_log = os.path.join(self.dir, "gcsfuse.log")
         self.proc = None
+        self.cgroup = None
         self.lines = []
         for d in (self.dir, self.mnt, self.lower):
             os.makedirs(d, exist_ok=True)
@@ -150,7 +220,8 @@ class Target:
             if self.sidecar:
                 os.chown(cache_dir, SIDECAR_UID, SIDECAR_UID)
             extra = ["--file-cache-max-size-mb=-1", f"--cache-dir={cache_dir}"]
-        return lowers.mount_argv("gcsfuse", self.ctx.lowers_dir, mountpoint, self.gcsfuse_log, extra)
+        argv = lowers.mount_argv("gcsfuse", self.ctx.lowers_dir, mountpoint, self.gcsfuse_log, extra)
+        return [self.ctx.gcsfuse, *argv[1:]]
 
     def start(self):
         logf = open(self.log_path, "ab")
@@ -169,6 +240,9 @@ class Target:
             cmd = [self.ctx.fake_node_driver, "--mountpoint", self.mnt, "--ready-timeout", "60s", "--",
                    self.ctx.drainfs, "relay", "--socket-buffer", str(SOCKET_BUFFER),
                    "--summary-file", self.summary_path, *spin, "--", *self.gcsfuse_argv("/dev/fd/3")]
+        if self.ctx.cpu:
+            self.cgroup = self.ctx.cpu.cgroup(f"{self.cache}-{self.name}")
+            cmd = CpuLimit.wrap(self.cgroup, cmd)
         logf.write(("$ " + " ".join(cmd) + "\n").encode())
         logf.flush()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if self.sidecar else subprocess.DEVNULL,
@@ -363,6 +437,11 @@ def part_throughput(ctx, raw):
                 raw["stops"][t.key] = t.stop()
             except BenchError as e:
                 errors.append(str(e))
+            if t.cgroup:
+                try:
+                    raw["throttled_s"][t.key] = ctx.cpu.throttled(t.cgroup) / 1e6
+                except (OSError, ValueError):
+                    pass
             if t.sidecar:
                 try:
                     with open(t.summary_path) as f:
@@ -676,6 +755,9 @@ def main():
     ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
     ap.add_argument("--targets", help="part 1's targets, comma-separated, raw first (default "
                     + ",".join(TARGETS) + "; also: relay-capped)")
+    ap.add_argument("--cpu-limit", type=float, help="run every target's processes (gcsfuse, drainfs) in a cgroup "
+                    "of its own limited to this many CPUs, as a sidecar's cpu limit (0.25, 1); fio is not limited")
+    ap.add_argument("--gcsfuse", help="the gcsfuse binary to run (default: scripts/install-lowers.sh's v3.11.2)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("gcsfuse bench: must run as root")
@@ -709,6 +791,11 @@ def main():
     ctx.dropin = os.path.join(ctx.work, "dropin", "gcsfuse")
     try:
         ctx.gcsfuse = lowers.binary("gcsfuse")
+        if a.gcsfuse:
+            # A private copy, executable by the sidecar's uid 65534 (part 2's stock arrangement too).
+            ctx.gcsfuse = os.path.join(bindir, "gcsfuse")
+            shutil.copy(a.gcsfuse, ctx.gcsfuse)
+            os.chmod(ctx.gcsfuse, 0o755)
         ctx.sidecar_mounter = lowers.binary("gcs-fuse-csi-driver-sidecar-mounter")
         lowers.binary("fake-gcs-server")
     except lowers.LowersError as e:
@@ -717,6 +804,11 @@ def main():
                                             + ("-smoke" if a.smoke else ""))
     os.makedirs(ctx.results, exist_ok=True)
     ctx.tracker = benchlib.Tracker(ctx.work)
+    if a.cpu_limit is not None:
+        try:
+            ctx.cpu = CpuLimit(a.cpu_limit, ctx.work)
+        except (BenchError, OSError) as e:
+            sys.exit(f"gcsfuse bench: {e}")
     versions = {
         "gcsfuse": subprocess.run([ctx.gcsfuse, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
         "sidecar_mounter": "gcs-fuse-csi-driver v1.24.4 (scripts/install-lowers.sh)",
@@ -724,7 +816,7 @@ def main():
         "git_head": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
                                    text=True).stdout.strip(),
     }
-    raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "cpu_per_gib": {}, "relay_profile": {}, "stops": {},
+    raw = {"fio": {}, "md": {}, "drainfs_cpu_s": {}, "cpu_per_gib": {}, "relay_profile": {}, "throttled_s": {}, "stops": {},
            "data_path": {}, "tail": []}
     t0 = time.monotonic()
     load_start = benchlib.loadavg()
@@ -750,9 +842,12 @@ def main():
             lowers.stop(ctx.lowers_dir)
         except Exception as e:  # noqa: BLE001
             log(f"stopping fake-gcs-server: {e}")
+        if ctx.cpu:
+            ctx.cpu.close()
 
     elapsed = time.monotonic() - t0
-    header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on fake-gcs-server (memory backend), "
+    limit = f"; every target limited to {ctx.cpu.cpus:g} CPU ({'cpu.max' if ctx.cpu.v2 else 'cfs quota'})" if ctx.cpu else ""
+    header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on fake-gcs-server (memory backend){limit}, "
               f"{ctx.profile}: {ctx.p['reps']} reps interleaved, medians; fio {ctx.p['runtime']} (ramp {ctx.p['ramp']}) "
               f"x {ctx.p['size']}/job; mdbench {ctx.p['md_files']} files; kernel {platform.release()}, {os.cpu_count()} CPUs; "
               f"{elapsed:.0f} s; loadavg start {load_start}, end {benchlib.loadavg()}; git {versions['git_head']}")
@@ -763,6 +858,9 @@ def main():
         prof = profile_lines(raw)
         if prof:
             out += ["", "The relay's instrument (whole part 1, from its summary)"] + prof
+        if raw["throttled_s"]:
+            out.append("CPU-limit throttling over part 1 (s): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in sorted(raw["throttled_s"].items())))
         dp = raw["data_path"].get("off/auto")
         if dp:
             out.append("drainfs auto on fuse.gcsfuse: " + dp[-220:])

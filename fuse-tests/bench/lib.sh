@@ -96,6 +96,15 @@ bench_cleanup() {
             esac
         done <"$work/global-dirs"
     fi
+    # The cgroups of --cpu-limit (gcsfuse.py), emptied by the stops above, children first.
+    if [[ -f $work/cgroups ]]; then
+        local g
+        while read -r g; do
+            case "$g" in
+                /sys/fs/cgroup/*drainfs-bench-*) rmdir -- "$g" 2>/dev/null || true ;;
+            esac
+        done < <(sort -r "$work/cgroups")
+    fi
     if [[ -n $(bench_mounts_under) ]]; then
         echo "bench: MOUNTS LEFT BEHIND under $work:" >&2
         bench_mounts_under >&2

@@ -796,11 +796,15 @@ fn randomized_stops_never_lose_a_closed_file() {
 /// refused) keeps the mount until it stops, so nothing lands in the directory underneath. A
 /// file held open for writing across the trigger keeps the drain going while the writer's
 /// creates arrive (without it, a mount whose last request came before the close is torn down
-/// at once, and a writer's next create could come after drainfs has gone).
+/// at once, and a writer's next create could come after drainfs has gone). The mount is held
+/// for the shorter of 500 ms and the quiet period after each refusal: with `--quiet-period
+/// 300ms`, a writer thread that a loaded machine did not run for 300 ms looked like a writer
+/// that had stopped (suspected in a failure under `scripts/test-under-load.sh`), so the quiet
+/// period here is 2 s and the hold the full 500 ms, 25 times the writer's 20 ms between creates.
 #[test]
 fn refused_writers_keep_the_mount_until_they_stop() {
     use std::os::fd::IntoRawFd;
-    let mut s = stack(&["--quiet-period", "300ms"], &[], true);
+    let mut s = stack(&["--quiet-period", "2s"], &[], true);
     let mut held = std::fs::File::create(s.m.path("held")).unwrap();
     let mnt = s.m.mnt.clone();
     let writer = std::thread::spawn(move || {
