@@ -392,12 +392,20 @@ fn interrupts_during_a_slow_read() {
     assert!(status.as_ref().unwrap().success(), "{status:?}");
     assert_eq!(rest.trim(), data.len().to_string());
 
-    // A fatal signal: the reader dies; the relay's books still balance.
-    let mut cat = Command::new("cat")
-        .arg(s.path("slow.bin"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    // A fatal signal: the reader dies; the relay's books still balance. SIGINT's default
+    // action is set in the child: a test run started in the background by a non-interactive
+    // shell (`scripts/test-under-load.sh &`) inherits SIGINT ignored, and an exec keeps that,
+    // so `cat` read its 2 s and exited 0.
+    let mut cat = Command::new("cat");
+    cat.arg(s.path("slow.bin")).stdout(Stdio::null());
+    // SAFETY: only signal(2), async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cat, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut cat = cat.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(cat.id() as i32),
