@@ -755,8 +755,9 @@ def main():
     ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
     ap.add_argument("--targets", help="part 1's targets, comma-separated, raw first (default "
                     + ",".join(TARGETS) + "; also: relay-capped)")
-    ap.add_argument("--cpu-limit", type=float, help="run every target's processes (gcsfuse, drainfs) in a cgroup "
-                    "of its own limited to this many CPUs, as a sidecar's cpu limit (0.25, 1); fio is not limited")
+    ap.add_argument("--cpu-limit", type=float, help="part 1: run every target's processes (gcsfuse, drainfs, "
+                    "fake-node-driver) in a cgroup of its own limited to this many CPUs, as a sidecar's cpu limit "
+                    "(0.25, 1); fio is not limited")
     ap.add_argument("--gcsfuse", help="the gcsfuse binary to run (default: scripts/install-lowers.sh's v3.11.2)")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -774,6 +775,8 @@ def main():
         if getattr(a, k):
             ctx.p[k] = [int(x) for x in getattr(a, k).split(",")]
     parts = set(a.parts.split(","))
+    if not parts or not parts <= {"throughput", "tail"}:
+        sys.exit(f"gcsfuse bench: --parts takes throughput, tail or both, not {a.parts!r}")
     if a.targets:
         chosen = a.targets.split(",")
         if chosen[0] != "raw" or len(chosen) < 2 or any(t not in KNOWN_TARGETS for t in chosen):

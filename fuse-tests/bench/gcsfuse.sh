@@ -3,7 +3,7 @@
 # GKE's real sidecar mounter (gcs-fuse-csi-driver v1.24.4). See gcsfuse.py and README.md.
 #
 #   fuse-tests/bench/gcsfuse.sh            full run (about 40 minutes on a quiet 2-vCPU VM)
-#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: every part once, tiny sizes (about a minute)
+#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: both parts, tiny sizes, no exit-file runs (about a minute)
 #
 # Other options go to gcsfuse.py (--reps, --runtime, --ramp, --size, --md-files, --numjobs 1,4,
 # --md-threads 1,4, --tail-runs, --exit-file-runs, --parts throughput,tail, --results DIR,
