@@ -137,6 +137,24 @@ pub fn force_unmount(path: &Path) {
     }
 }
 
+/// `umount2(path)` (not lazy), retried every 50 ms while it fails with `EBUSY`, for up to
+/// `within`; the last error otherwise. `EBUSY` right after a test closed its own files can be
+/// another test thread's spawn: a child between its fork and its exec holds a copy of every fd
+/// the test process had open at the fork (`O_CLOEXEC` closes them only at the exec), and on a
+/// loaded machine that window is long enough to meet (seen under
+/// `scripts/test-under-load.sh`).
+pub fn umount_when_free(path: &Path, within: std::time::Duration) -> nix::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match nix::mount::umount2(path, nix::mount::MntFlags::empty()) {
+            Err(nix::errno::Errno::EBUSY) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Detaches, top first, every mount stacked at `path` on the node (the test's namespace) down
 /// to and including the mount `id` (a volume's bind mount); mounts below `id` stay.
 pub fn detach_down_to(path: &Path, id: u64) {
@@ -295,5 +313,65 @@ impl BareFuse {
 impl Drop for BareFuse {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    use std::time::Duration;
+
+    /// What [`umount_when_free`] waits out, made on purpose: a thread spawns a child that
+    /// says (over a pipe) when it is between its fork and its exec and stays there 2 s, while
+    /// the test's own file on a tmpfs is open; the test then closes its file, and a plain
+    /// unmount still gets `EBUSY` (the child's copy of the fd); `umount_when_free` succeeds
+    /// once the child has exec'd.
+    #[test]
+    fn umount_when_free_waits_out_a_spawning_child_holding_a_copy_of_an_fd() {
+        let dir = crate::harness::scratch_dir("/tmp", "drainfs-umount-free-");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &mnt,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .expect("mount tmpfs (the test runs as root)");
+        let _unmount = Unmount(mnt.clone());
+        let f = std::fs::File::create(mnt.join("f")).unwrap();
+        let (forked_r, forked_w) = nix::unistd::pipe().unwrap();
+        let w = forked_w.as_raw_fd();
+        let spawner = std::thread::spawn(move || {
+            let mut cmd = Command::new("true");
+            // SAFETY: only write(2) and nanosleep(2), async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::write(w, b"x".as_ptr().cast(), 1);
+                    std::thread::sleep(Duration::from_secs(2));
+                    Ok(())
+                });
+            }
+            cmd.status().unwrap()
+        });
+        let mut pfd = [nix::poll::PollFd::new(
+            std::os::fd::AsFd::as_fd(&forked_r),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let n = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(30_000u16)).unwrap();
+        assert_eq!(n, 1, "the child never reached its pre-exec step");
+        drop(f);
+        assert_eq!(
+            nix::mount::umount2(&mnt, nix::mount::MntFlags::empty()),
+            Err(nix::errno::Errno::EBUSY),
+            "the child's copy of the closed fd did not hold the mount"
+        );
+        umount_when_free(&mnt, Duration::from_secs(30)).unwrap();
+        assert!(!is_mounted(&mnt));
+        assert!(spawner.join().unwrap().success());
+        drop(forked_w);
     }
 }

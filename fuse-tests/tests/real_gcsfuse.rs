@@ -455,12 +455,7 @@ fn gcsfuse_alone_loses_mmap_writes_after_close() {
     let server = Server::start(Kind::Gcsfuse);
     let mnt = mount_gcsfuse_alone(&server);
     write_mapped_after_close(&mnt.join("late.bin"), &data);
-    let st = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(&mnt)
-        .status()
-        .expect("fusermount3");
-    assert!(st.success(), "fusermount3 -u: {st}");
+    fuse_tests::mounts::umount_when_free(&mnt, Duration::from_secs(10)).expect("umount");
     // Server's drop stops gcsfuse (which exits once unmounted) and the server.
     assert_eq!(server.objects().get("late.bin"), Some(&zeros));
 }

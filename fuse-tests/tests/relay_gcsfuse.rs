@@ -340,7 +340,7 @@ fn gcsfuse_exits_0_at_end_of_stream() {
     let mut s = Sidecar::start(gcsfuse(&server, &[]), Via::Direct);
     let data = pattern(100_000, 8);
     write_file(&s.path("a.bin"), &data).unwrap();
-    nix::mount::umount2(&s.mnt, nix::mount::MntFlags::empty()).unwrap();
+    fuse_tests::mounts::umount_when_free(&s.mnt, Duration::from_secs(10)).unwrap();
     let e = s.wait(Duration::from_secs(15));
     eprintln!("after umount: {e}");
     assert_eq!(e.code, Some(0), "{e}");
