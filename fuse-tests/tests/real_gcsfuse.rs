@@ -593,12 +593,16 @@ fn large_file_inside_close_at(trigger: Trigger) {
     let sum = assert_clean(&mut s, cause, Duration::from_secs(120));
     // Both on the wall clock: drainfs counts drained_ms from when it saw the trigger (an exit
     // file in a directory created by the trigger is seen up to 500 ms after `signalled`), and
-    // `trigger` is in whole milliseconds.
+    // `trigger` is in whole milliseconds. `closed` is taken when the closing thread runs again
+    // after close(2), which a busy machine can delay by tens of milliseconds (a fresh-clone
+    // run saw 20 ms: drained at .884, closed at .904, drainfs's own "drained" line at .909);
+    // a drain declared while the server was stopped (the upload then still has seconds to
+    // go) would be early by far more, so 100 ms of slack still catches that.
     let drained = Duration::from_millis(sum["timings"]["drained_ms"].as_u64().unwrap());
     let trigger = humantime::parse_rfc3339(sum["timings"]["trigger"].as_str().unwrap()).unwrap();
     let closed_wall = std::time::SystemTime::now() - closed.elapsed();
     assert!(
-        trigger + drained + Duration::from_millis(5) >= closed_wall,
+        trigger + drained + Duration::from_millis(100) >= closed_wall,
         "drained at {:?}, but close() returned at {:?} (after the trigger: {:?}): {sum}",
         humantime::format_rfc3339_millis(trigger + drained),
         humantime::format_rfc3339_millis(closed_wall),
