@@ -343,7 +343,8 @@ mod tests {
         .expect("mount tmpfs (the test runs as root)");
         let _unmount = Unmount(mnt.clone());
         let f = std::fs::File::create(mnt.join("f")).unwrap();
-        let (forked_r, forked_w) = nix::unistd::pipe().unwrap();
+        // O_CLOEXEC: the other tests' children must not inherit the pipe.
+        let (forked_r, forked_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let w = forked_w.as_raw_fd();
         let spawner = std::thread::spawn(move || {
             let mut cmd = Command::new("true");
