@@ -58,7 +58,9 @@ pub struct RelayOptions {
     pub eof_exit_codes: Vec<i32>,
     /// How a clean stop triggered by SIGTERM ends (exit 0, or by SIGTERM).
     pub clean_sigterm_exit: CleanSigtermExit,
-    /// How long the relay's pump keeps polling after a message before it blocks (zero: never).
+    /// How the relay waits for messages.
+    pub pump: PumpChoice,
+    /// How long the poll pump keeps polling after a message before it blocks (zero: never).
     #[serde(with = "humantime_serde_shim")]
     pub spin: Duration,
     /// Let the kernel send READs and WRITEs up to the daemon's own `max_write` and split those
@@ -66,6 +68,16 @@ pub struct RelayOptions {
     pub split_large_requests: bool,
     /// How a split READ's parts go to the daemon.
     pub read_parts: ReadParts,
+}
+
+/// How the relay waits for messages (`relay --pump`; see [`crate::relay::engine::PumpMode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PumpChoice {
+    /// One thread polling both fds, spinning for `--spin` after each message.
+    Poll,
+    /// Two threads, each blocked in its own fd's read.
+    Threads,
 }
 
 /// How a split READ's parts go to the daemon (`relay --read-parts`; see

@@ -11,13 +11,15 @@ its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max
 - `raw`:      gcsfuse on a directory, the application on it;
 - `auto`:     `drainfs run` (default flags: `--passthrough auto`) over gcsfuse on its lower;
 - `never`:    the same with `--passthrough never`;
-- `relay`:    `drainfs relay --socket-buffer 212992` (default `--spin auto`) over gcsfuse on
-              `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI driver makes it
-              (fd=N, the sidecar as uid 65534 without capabilities);
-- `relay-0s`: the same with `--spin 0s`;
-- `relay-capped` (only with `--targets`): the same with `--split-large-requests false`, the
-              kernel capped at the relay's 128 KiB instead of the relay splitting larger
-              READs and WRITEs (what the relay did before it split).
+- `relay`:    `drainfs relay --socket-buffer 212992` (default flags: `--pump threads`) over
+              gcsfuse on `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI driver
+              makes it (fd=N, the sidecar as uid 65534 without capabilities);
+- `relay-poll`: the same with `--pump poll` (one thread polling both fds, `--spin auto`: the
+              relay's pump before the threads pump);
+- only with `--targets`: `relay-0s`, the same with `--pump poll --spin 0s`; `relay-capped`, the
+              same as `relay` with `--split-large-requests false`, the kernel capped at the
+              relay's 128 KiB instead of the relay splitting larger READs and WRITEs (what the
+              relay did before it split).
 
 fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
 (1 and 4 threads); each repetition runs every case on every target back to back, in an order
@@ -81,11 +83,14 @@ from benchlib import (  # noqa: E402
 
 log = benchlib.log
 
-TARGETS = ["raw", "auto", "never", "relay", "relay-0s"]
-KNOWN_TARGETS = TARGETS + ["relay-capped"]
+TARGETS = ["raw", "auto", "never", "relay", "relay-poll"]
+KNOWN_TARGETS = TARGETS + ["relay-0s", "relay-capped"]
+# The relay's flags per relay target.
+RELAY_FLAGS = {"relay": [], "relay-poll": ["--pump", "poll"], "relay-0s": ["--pump", "poll", "--spin", "0s"],
+               "relay-capped": ["--split-large-requests", "false"]}
 CACHES = ["off", "on"]
 # The issue's targets, as a fraction of raw gcsfuse on every fio job.
-GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
+GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-poll": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
 ARRANGEMENTS = ["stock", "relay", "mount"]
 
 PROFILES = {
@@ -235,11 +240,10 @@ class Target:
                 cmd += ["--passthrough", "never"]
             cmd += ["--", *self.gcsfuse_argv(self.lower)]
         else:
-            spin = {"relay-0s": ["--spin", "0s"],
-                    "relay-capped": ["--split-large-requests", "false"]}.get(self.name, [])
+            flags = RELAY_FLAGS[self.name]
             cmd = [self.ctx.fake_node_driver, "--mountpoint", self.mnt, "--ready-timeout", "60s", "--",
                    self.ctx.drainfs, "relay", "--socket-buffer", str(SOCKET_BUFFER),
-                   "--summary-file", self.summary_path, *spin, "--", *self.gcsfuse_argv("/dev/fd/3")]
+                   "--summary-file", self.summary_path, *flags, "--", *self.gcsfuse_argv("/dev/fd/3")]
         if self.ctx.cpu:
             self.cgroup = self.ctx.cpu.cgroup(f"{self.cache}-{self.name}")
             cmd = CpuLimit.wrap(self.cgroup, cmd)
@@ -754,7 +758,7 @@ def main():
     ap.add_argument("--exit-file-runs", type=int, help="tail runs per arrangement, exit file (default 5, smoke 0)")
     ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
     ap.add_argument("--targets", help="part 1's targets, comma-separated, raw first (default "
-                    + ",".join(TARGETS) + "; also: relay-capped)")
+                    + ",".join(TARGETS) + "; also: relay-0s, relay-capped)")
     ap.add_argument("--cpu-limit", type=float, help="part 1: run every target's processes (gcsfuse, drainfs, "
                     "fake-node-driver) in a cgroup of its own limited to this many CPUs, as a sidecar's cpu limit "
                     "(0.25, 1); fio is not limited")

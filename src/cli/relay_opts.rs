@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::{HEADING_RELAY, parse_duration};
-use crate::config::{CleanSigtermExit, ReadParts, RelayConnection, RelayOptions};
+use crate::config::{CleanSigtermExit, PumpChoice, ReadParts, RelayConnection, RelayOptions};
 
 /// Options of the relay's socketpair and INIT, shared by `relay` and `run --relay`.
 #[derive(Debug, Args)]
@@ -26,10 +26,18 @@ pub struct RelayOptArgs {
     #[arg(long, env = "DRAINFS_INIT_TIMEOUT", value_parser = parse_duration, default_value = "30s", help_heading = HEADING_RELAY)]
     pub init_timeout: Duration,
 
-    /// After each message, keep polling without sleeping for this long before blocking
-    /// (`0s`: never). Saves two thread wake-ups per request while requests keep coming, at the
-    /// price of CPU time. `auto`: 50us when drainfs may use at least 2 CPUs (its affinity mask
-    /// and its cgroup's cpu.max quota), else 0s.
+    /// How the relay waits for messages. `poll`: one thread polling both fds, spinning for
+    /// --spin after each message before it blocks (fastest per request while CPUs are free).
+    /// `threads`: one thread blocked in read(2) on the FUSE fd, one blocked in recv(2) on the
+    /// daemon's socket; no polling, no spinning (less of the relay's CPU than spinning, slower
+    /// small requests; see docs/performance.md).
+    #[arg(long, env = "DRAINFS_PUMP", value_enum, default_value = "poll", help_heading = HEADING_RELAY)]
+    pub pump: PumpChoice,
+
+    /// With `--pump poll`: after each message, keep polling without sleeping for this long
+    /// before blocking (`0s`: never). Saves two thread wake-ups per request while requests
+    /// keep coming, at the price of CPU time. `auto`: 50us when drainfs may use at least 2
+    /// CPUs (its affinity mask and its cgroup's cpu.max quota), else 0s.
     #[arg(long, env = "DRAINFS_SPIN", value_parser = parse_spin, default_value = "auto", help_heading = HEADING_RELAY)]
     pub spin: SpinArg,
 
@@ -111,6 +119,7 @@ impl RelayOptArgs {
                 CleanSigtermExitArg::Code => CleanSigtermExit::Code,
                 CleanSigtermExitArg::Signal => CleanSigtermExit::Signal,
             },
+            pump: self.pump,
             spin: match self.spin {
                 SpinArg::Auto => crate::relay::run::auto_spin(),
                 SpinArg::Fixed(d) => d,

@@ -19,9 +19,10 @@ use super::data_path::{DataPath, PathEvent, ending_name};
 use super::executor::Executor;
 use super::lower::Lower;
 use super::{Event, blocking};
+use crate::config::PumpChoice;
 use crate::drain::{Cause, Ending, ExitCode, Observation, Phase, Step};
 use crate::fs::Admission;
-use crate::relay::engine::{EngineEvent, Relay};
+use crate::relay::engine::{EngineEvent, PumpMode, Relay};
 use crate::relay::run::Prepared;
 use crate::{mount, procs};
 
@@ -67,12 +68,15 @@ impl DataPath for RelayPath {
         ex.lower = Lower::spawned(pid, exit);
         ex.shared.set_lower_up(true);
         let (tx, rx) = mpsc::unbounded_channel();
-        let spin = ex.cfg.relay.as_ref().map_or(Duration::ZERO, |o| o.spin);
+        let pump = match ex.cfg.relay.as_ref() {
+            Some(o) if o.pump == PumpChoice::Poll => PumpMode::Poll { spin: o.spin },
+            _ => PumpMode::Threads,
+        };
         let started = Relay::start(
             kernel,
             relay_end,
             limits,
-            spin,
+            pump,
             std::sync::Arc::clone(&ex.acct),
             move |ev| {
                 let _ = tx.send(ev);

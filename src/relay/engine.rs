@@ -1,12 +1,15 @@
-//! The relay engine: one pump thread moving FUSE messages between the kernel's fd and the
-//! daemon's socket, with the accounting of [`super::inflight`] in between.
+//! The relay engine: a pump moving FUSE messages between the kernel's fd and the daemon's
+//! socket, with the accounting of [`super::inflight`] in between. By default the pump is one
+//! thread polling both fds ([`PumpMode::Poll`]); `--pump threads` makes it two threads, each
+//! blocked in its own fd ([`PumpMode::Threads`]).
 //!
 //! - **Kernel requests** are read one per `read(2)`, counted in the shared [`Accounting`]
 //!   (entering the gate), checked against the door under the state mutex
 //!   ([`Inflight::admit`]), and then forwarded, answered by the relay (door, daemon gone) or
-//!   dropped. The pump is the only reader of the kernel fd and the only sender on the socket,
-//!   so the kernel's order (INTERRUPT after its original, FORGET after the LOOKUP reply it
-//!   follows) is kept end to end.
+//!   dropped. One thread is the only reader of the kernel fd and the only sender of kernel
+//!   requests on the socket, so the kernel's order (INTERRUPT after its original, FORGET
+//!   after the LOOKUP reply it follows) is kept end to end. A request is in the in-flight
+//!   state before it is sent, so its reply always finds it.
 //! - **Daemon messages** are received one per datagram, written to the kernel, and then the
 //!   request completes. At EOF (or ECONNRESET) every request still in flight is answered EIO,
 //!   so no caller hangs on a dead daemon.
@@ -22,7 +25,9 @@
 //!   OPEN with ENOSYS gets the kernel's OPEN answered with a handle of the relay's own (fh 0),
 //!   so the kernel never enters its no-open mode, in which RELEASE never comes and writers
 //!   would be invisible.
-//! - **Waiting**: both fds are non-blocking. After each message the pump keeps polling both
+//! - **Waiting**: with [`PumpMode::Threads`], one thread blocks in `read(2)` on the kernel's
+//!   fd and one in `recv(2)` on the socket (`engine/threads.rs`); with [`PumpMode::Poll`] both
+//!   fds are non-blocking, and after each message the one pump thread keeps polling both
 //!   (yielding the CPU between polls) for the configured spin time, then blocks in `poll(2)`
 //!   on both. While a send to the daemon waits for room (backpressure: no further kernel
 //!   request is read meanwhile, as if the kernel's queue were the daemon's), the daemon's
@@ -37,8 +42,9 @@
 //! This file holds the [`Relay`] itself ([`Relay::start`], its [`Limits`], the
 //! [`EngineEvent`]s it reports, and the one place that writes to the kernel's fd). Its parts,
 //! one file each:
-//! - `engine/pump.rs`: the pump thread's loop, its spin policy, reading the kernel's fd,
-//!   receiving from and sending to the daemon's socket (with backpressure);
+//! - `engine/pump.rs`: the poll pump's loop and its spin policy; reading the kernel's fd,
+//!   receiving from and sending to the daemon's socket (with backpressure), for both modes;
+//! - `engine/threads.rs`: the threads pump's two threads;
 //! - `engine/requests.rs`: a kernel request (kernel → daemon): admission, forwarding, the
 //!   answers the relay gives itself (door, daemon gone);
 //! - `engine/replies.rs`: a daemon message (daemon → kernel): routing by `unique`, writing the
@@ -68,10 +74,12 @@ mod replies;
 mod requests;
 mod split_io;
 mod status;
+mod threads;
 
 pub use profile::{HopSnapshot, ProfileSnapshot};
 pub use status::RelayStatus;
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
@@ -181,6 +189,41 @@ pub enum EngineEvent {
     },
 }
 
+/// How the relay waits for messages (`--pump`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PumpMode {
+    /// Two threads, each blocked in its own fd: one in `read(2)` on the kernel's fd (it
+    /// handles and forwards each request), one in `recv(2)` on the daemon's socket (it handles
+    /// each daemon message and writes it to the kernel). Neither polls nor spins, so an idle
+    /// or waiting relay takes no CPU from the daemon.
+    Threads,
+    /// One thread with both fds non-blocking: after each message it keeps polling both,
+    /// yielding the CPU between polls, for `spin` (zero: never), then blocks in `poll(2)` on
+    /// both.
+    Poll {
+        /// How long to keep polling after a message before blocking.
+        spin: Duration,
+    },
+}
+
+impl PumpMode {
+    /// The spin time (zero for [`PumpMode::Threads`]).
+    pub fn spin(&self) -> Duration {
+        match self {
+            PumpMode::Threads => Duration::ZERO,
+            PumpMode::Poll { spin } => *spin,
+        }
+    }
+
+    /// `threads` or `poll`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PumpMode::Threads => "threads",
+            PumpMode::Poll { .. } => "poll",
+        }
+    }
+}
+
 type OnEvent = Box<dyn Fn(EngineEvent) + Send + Sync>;
 
 /// A running relay. Shared by its pump thread and the lifecycle.
@@ -188,7 +231,7 @@ pub struct Relay {
     kernel: OwnedFd,
     sock: OwnedFd,
     limits: Limits,
-    spin: Duration,
+    pump_mode: PumpMode,
     acct: Arc<Accounting>,
     state: Mutex<Inflight>,
     init: Mutex<Option<InitCaps>>,
@@ -209,6 +252,10 @@ pub struct Relay {
     notify_discard: AtomicBool,
     /// Set by the notifier thread as it ends.
     notifier_done: AtomicBool,
+    /// RELEASE requests waiting for the relay's own FSYNC, by that FSYNC's unique, with
+    /// whether the relay answers the RELEASE itself (a handle it opened). Inserted before the
+    /// FSYNC is sent, removed when it is answered. A leaf lock.
+    held: Mutex<HashMap<u64, (Vec<u8>, bool)>>,
     /// READs and WRITEs split into parts, while their parts are answered. A leaf lock.
     splits: Mutex<Splits>,
     /// Hop timings and message sizes.
@@ -232,19 +279,18 @@ impl std::fmt::Debug for Relay {
 /// end are gone; while the kernel side lives it answers late requests (EIO once the daemon is
 /// gone), so it may run until the process exits. The notifier ends after the pump.
 pub struct Threads {
-    /// The pump.
+    /// The pump ([`PumpMode::Poll`]), or its kernel-side thread, which joins the daemon-side
+    /// thread when it ends ([`PumpMode::Threads`]).
     pub pump: std::thread::JoinHandle<()>,
     /// The notifier: writes the daemon's notifications to the kernel.
     pub notifier: std::thread::JoinHandle<()>,
 }
 
 impl Relay {
-    /// Starts the pump thread over `kernel` (the FUSE connection, made non-blocking) and
-    /// `sock` (the relay's end of the socketpair), counting requests and handles in `acct`.
-    /// After each message the pump keeps polling both fds without sleeping for `spin` (zero:
-    /// never) before it blocks in `poll(2)`, which saves two thread wake-ups per request
-    /// while requests keep coming, at the price of CPU time. `on_event` is called from the
-    /// pump.
+    /// Starts the pump over `kernel` (the FUSE connection; made blocking for
+    /// [`PumpMode::Threads`], non-blocking for [`PumpMode::Poll`]) and `sock` (the relay's end
+    /// of the socketpair), counting requests and handles in `acct`. `on_event` is called from
+    /// the pump's threads.
     ///
     /// # Errors
     /// Thread spawn failure.
@@ -252,7 +298,7 @@ impl Relay {
         kernel: OwnedFd,
         sock: OwnedFd,
         limits: Limits,
-        spin: Duration,
+        pump_mode: PumpMode,
         acct: Arc<Accounting>,
         on_event: impl Fn(EngineEvent) + Send + Sync + 'static,
     ) -> std::io::Result<(Arc<Relay>, Threads)> {
@@ -261,7 +307,7 @@ impl Relay {
             kernel,
             sock,
             limits,
-            spin,
+            pump_mode,
             state: Mutex::new(Inflight::new(Arc::clone(&acct))),
             acct,
             init: Mutex::new(None),
@@ -274,6 +320,7 @@ impl Relay {
             notify_tx: Mutex::new(Some(notify_tx)),
             notify_discard: AtomicBool::new(false),
             notifier_done: AtomicBool::new(false),
+            held: Mutex::new(HashMap::new()),
             splits: Mutex::new(Splits::default()),
             profile: profile::Profile::default(),
             write_part: AtomicU32::new(limits.write_part),
@@ -284,9 +331,20 @@ impl Relay {
             .name("relay-notify".into())
             .spawn(move || r.notifier(notify_rx))?;
         let r = Arc::clone(&relay);
-        let pump = std::thread::Builder::new()
-            .name("relay-pump".into())
-            .spawn(move || r.pump())?;
+        let pump = match pump_mode {
+            PumpMode::Poll { .. } => std::thread::Builder::new()
+                .name("relay-pump".into())
+                .spawn(move || r.pump())?,
+            PumpMode::Threads => {
+                let d = Arc::clone(&relay);
+                let daemon_side = std::thread::Builder::new()
+                    .name("relay-daemon".into())
+                    .spawn(move || d.daemon_side())?;
+                std::thread::Builder::new()
+                    .name("relay-kernel".into())
+                    .spawn(move || r.kernel_side(daemon_side))?
+            }
+        };
         Ok((relay, Threads { pump, notifier }))
     }
 

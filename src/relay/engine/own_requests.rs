@@ -1,6 +1,6 @@
 //! The relay's own requests, the ones no caller made:
 //! - the FSYNC before a RELEASE: a RELEASE of a handle with changes no successful FLUSH (nor
-//!   a failed FLUSH/FSYNC) covered is held back ([`super::pump::PumpIo`]'s `held`) while an
+//!   a failed FLUSH/FSYNC) covered is held back (the relay's `held` map) while an
 //!   FSYNC with one of the relay's own uniques ([`crate::relay::inflight::OWN_UNIQUE_BASE`])
 //!   goes to the daemon; its reply goes nowhere, and then the RELEASE is forwarded (or, for a
 //!   handle the relay opened itself, answered here);
@@ -32,12 +32,15 @@ impl Relay {
             fh,
             "relay: RELEASE of a handle changed since its last FLUSH: FSYNC first"
         );
-        io.held.insert(fsync_unique, (msg.to_vec(), local_release));
+        self.held
+            .lock()
+            .insert(fsync_unique, (msg.to_vec(), local_release));
         let fsync = proto::fsync_request(fsync_unique, h.nodeid, fh);
         if self.send(&fsync, io).is_err() {
             // Counted as a failed flush when taken; the RELEASE goes on.
             drop(self.state.lock().take(fsync_unique));
-            if let Some((msg, local)) = io.held.remove(&fsync_unique) {
+            let held = self.held.lock().remove(&fsync_unique);
+            if let Some((msg, local)) = held {
                 io.outbox.push_back(Outgoing::Release(msg, local));
             }
         }
@@ -55,7 +58,8 @@ impl Relay {
             }
             s.complete(h.unique);
         }
-        if let Some((msg, local)) = io.held.remove(&h.unique) {
+        let held = self.held.lock().remove(&h.unique);
+        if let Some((msg, local)) = held {
             io.outbox.push_back(Outgoing::Release(msg, local));
         }
     }

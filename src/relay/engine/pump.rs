@@ -6,7 +6,7 @@
 //! daemon's replies while it waits for room ([`Relay::send`]). What each message does is in
 //! [`super::requests`] and [`super::replies`]; what ends each side in [`super::end_of_stream`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +18,9 @@ use nix::sys::socket::MsgFlags;
 use super::Relay;
 use crate::relay::init;
 
-/// The pump's buffers, which of its two fds are still open, and the RELEASEs held back.
+/// A pump thread's buffers, which of its fds are still open, and what a daemon reply made
+/// ready to send. The poll pump has one for both fds; with [`super::PumpMode::Threads`] each
+/// thread has its own (the kernel side's `dbuf` is empty and never used).
 pub(super) struct PumpIo {
     /// One kernel request (the largest the negotiated cap allows).
     pub(super) kbuf: Vec<u8>,
@@ -28,9 +30,10 @@ pub(super) struct PumpIo {
     pub(super) kernel_open: bool,
     /// The daemon's socket has not reached EOF or an error yet.
     pub(super) daemon_open: bool,
-    /// RELEASE requests waiting for the relay's own FSYNC, by that FSYNC's unique, with
-    /// whether the relay answers the RELEASE itself (a handle it opened).
-    pub(super) held: HashMap<u64, (Vec<u8>, bool)>,
+    /// Whether this thread receives the daemon's messages: then a send that finds the socket
+    /// full receives them while it waits ([`Relay::send`]); else it only waits for room (the
+    /// other thread receives).
+    pub(super) receives: bool,
     /// Messages to the daemon that a reply made ready, sent before the next kernel request.
     pub(super) outbox: VecDeque<Outgoing>,
 }
@@ -104,11 +107,17 @@ impl SpinPolicy {
 /// Daemon messages handled before the pump looks at the kernel fd again.
 const BATCH: usize = 16;
 
-/// Makes `fd` non-blocking (the pump polls both fds itself).
-fn set_nonblocking(fd: &OwnedFd) -> Result<(), Errno> {
+/// Makes `fd` non-blocking (the poll pump polls both fds itself) or blocking (the threads
+/// pump's kernel side waits in `read(2)`).
+pub(super) fn set_nonblocking(fd: &OwnedFd, on: bool) -> Result<(), Errno> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    let flags = if on {
+        flags | OFlag::O_NONBLOCK
+    } else {
+        flags - OFlag::O_NONBLOCK
+    };
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
     Ok(())
 }
 
@@ -125,10 +134,10 @@ impl Relay {
             dbuf: vec![0u8; self.limits.daemon_recv_buffer],
             kernel_open: true,
             daemon_open: true,
-            held: HashMap::new(),
+            receives: true,
             outbox: VecDeque::new(),
         };
-        if let Err(e) = set_nonblocking(&self.kernel) {
+        if let Err(e) = set_nonblocking(&self.kernel, true) {
             tracing::error!(error = %e, "relay: cannot make the FUSE connection non-blocking");
             self.on_kernel_gone(e);
             io.kernel_open = false;
@@ -140,19 +149,13 @@ impl Relay {
             let mut last = None;
             // Replies first: each one unblocks a caller.
             for _ in 0..BATCH {
-                if !io.daemon_open || !self.recv_one(&mut io) {
+                if !io.daemon_open || !self.recv_one(&mut io, false) {
                     break;
                 }
                 last = Some(Handled::Reply);
             }
             // RELEASEs whose FSYNC was answered, before any new kernel request.
-            while let Some(out) = io.outbox.pop_front() {
-                match out {
-                    Outgoing::Release(msg, local) => self.release_held(&msg, local, &mut io),
-                    Outgoing::Part(unique, msg) => {
-                        self.send_part(unique, &msg, &mut io);
-                    }
-                }
+            if self.send_outbox(&mut io) {
                 last = Some(Handled::Request);
             }
             if io.kernel_open && self.read_one(&mut io) {
@@ -164,8 +167,9 @@ impl Relay {
                 last_activity = Instant::now();
                 continue;
             }
-            if !self.spin.is_zero() && policy.spin_now() {
-                if last_activity.elapsed() < self.spin {
+            let spin = self.pump_mode.spin();
+            if !spin.is_zero() && policy.spin_now() {
+                if last_activity.elapsed() < spin {
                     spinning = true;
                     std::thread::yield_now();
                     continue;
@@ -182,6 +186,22 @@ impl Relay {
         self.notify_tx.lock().take();
     }
 
+    /// Sends what daemon replies made ready (held RELEASEs, next WRITE parts), in order.
+    /// Returns whether there was anything.
+    pub(super) fn send_outbox(&self, io: &mut PumpIo) -> bool {
+        let mut any = false;
+        while let Some(out) = io.outbox.pop_front() {
+            match out {
+                Outgoing::Release(msg, local) => self.release_held(&msg, local, io),
+                Outgoing::Part(unique, msg) => {
+                    self.send_part(unique, &msg, io);
+                }
+            }
+            any = true;
+        }
+        any
+    }
+
     /// Blocks until the kernel fd (while open) or the socket (while open) is readable.
     fn wait_readable(&self, io: &PumpIo) {
         let mut fds = Vec::with_capacity(2);
@@ -195,12 +215,15 @@ impl Relay {
     }
 
     /// Waits at most `timeout` (whole milliseconds, at least 1) for the socket to become
-    /// readable or writable. Returns (readable, writable); readable includes HUP and ERR.
-    fn wait_socket(&self, timeout: Duration) -> (bool, bool) {
-        let mut fds = [PollFd::new(
-            self.sock.as_fd(),
-            PollFlags::POLLIN | PollFlags::POLLOUT,
-        )];
+    /// writable or (`readable`: also) readable. Returns (readable, writable); readable includes
+    /// HUP and ERR.
+    fn wait_socket(&self, timeout: Duration, readable: bool) -> (bool, bool) {
+        let events = if readable {
+            PollFlags::POLLIN | PollFlags::POLLOUT
+        } else {
+            PollFlags::POLLOUT
+        };
+        let mut fds = [PollFd::new(self.sock.as_fd(), events)];
         let t = PollTimeout::try_from(timeout.as_millis().clamp(1, 60_000) as i32)
             .unwrap_or(PollTimeout::MAX);
         if poll(&mut fds, t).is_err() {
@@ -208,13 +231,14 @@ impl Relay {
         }
         let r = fds[0].revents().unwrap_or(PollFlags::empty());
         (
-            r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
+            readable && r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
             r.contains(PollFlags::POLLOUT),
         )
     }
 
-    /// Reads one kernel request if one is ready and handles it. Returns whether one was read.
-    fn read_one(&self, io: &mut PumpIo) -> bool {
+    /// Reads one kernel request if one is ready (on a blocking fd: waits for one) and handles
+    /// it. Returns whether one was read.
+    pub(super) fn read_one(&self, io: &mut PumpIo) -> bool {
         let n = match nix::unistd::read(self.kernel.as_fd(), &mut io.kbuf) {
             Ok(0) => {
                 io.kernel_open = false;
@@ -245,12 +269,16 @@ impl Relay {
         true
     }
 
-    /// Receives one daemon message if one is ready and handles it. Returns whether one was
-    /// received; at the daemon's EOF (or a socket error) answers everything in flight EIO,
-    /// marks the socket closed and returns false.
-    fn recv_one(&self, io: &mut PumpIo) -> bool {
+    /// Receives one daemon message if one is ready (`block`: waits for one) and handles it.
+    /// Returns whether one was received; at the daemon's EOF (or a socket error) answers
+    /// everything in flight EIO, marks the socket closed and returns false.
+    pub(super) fn recv_one(&self, io: &mut PumpIo, block: bool) -> bool {
         // MSG_TRUNC: the return value is the datagram's real length, so truncation shows.
-        let flags = MsgFlags::MSG_TRUNC | MsgFlags::MSG_DONTWAIT;
+        let flags = if block {
+            MsgFlags::MSG_TRUNC
+        } else {
+            MsgFlags::MSG_TRUNC | MsgFlags::MSG_DONTWAIT
+        };
         let reset = match nix::sys::socket::recv(self.sock.as_raw_fd(), &mut io.dbuf, flags) {
             Ok(0) => false,
             Ok(n) if n > io.dbuf.len() => {
@@ -284,11 +312,13 @@ impl Relay {
     }
 
     /// One datagram to the daemon; EINTR retried at once. While the socket is full
-    /// (EAGAIN/ENOBUFS) the daemon's replies keep being received and written to the kernel
-    /// (a daemon blocked on sending its replies then gets room to read again), and the send is
-    /// retried when the socket polls writable or after a backoff of 1 ms doubling to 64 ms, for
-    /// as long as it takes: a slow daemon is waited for, as the kernel's own queue would wait.
-    /// EPIPE when the daemon's end closes meanwhile, or once the relay has stopped (SHUT_WR).
+    /// (EAGAIN/ENOBUFS) the daemon's replies keep being received and written to the kernel,
+    /// by this thread when it is the one that receives them ([`PumpIo::receives`]), else by
+    /// the other (a daemon blocked on sending its replies then gets room to read again), and
+    /// the send is retried when the socket polls writable or after a backoff of 1 ms doubling
+    /// to 64 ms, for as long as it takes: a slow daemon is waited for, as the kernel's own
+    /// queue would wait. EPIPE when the daemon's end closes meanwhile, or once the relay has
+    /// stopped (SHUT_WR).
     pub(super) fn send(&self, msg: &[u8], io: &mut PumpIo) -> Result<(), Errno> {
         let mut backoff = BACKOFF_START;
         loop {
@@ -297,9 +327,9 @@ impl Relay {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN | Errno::ENOBUFS) => {
-                    let (readable, writable) = self.wait_socket(backoff);
+                    let (readable, writable) = self.wait_socket(backoff, io.receives);
                     if readable {
-                        while io.daemon_open && self.recv_one(io) {}
+                        while io.daemon_open && self.recv_one(io, false) {}
                         if !io.daemon_open {
                             return Err(Errno::EPIPE);
                         }

@@ -36,7 +36,6 @@ fn io_in(offset: u64, size: u32) -> Vec<u8> {
     b
 }
 
-#[test]
 fn the_kernel_keeps_the_daemons_max_write_and_a_large_read_is_answered_once_from_its_parts() {
     let (h, max_write) = split_relay(ReadParts::AtOnce);
     assert_eq!(max_write, 1 << 20, "the kernel gets the daemon's max_write");
@@ -81,7 +80,6 @@ fn the_kernel_keeps_the_daemons_max_write_and_a_large_read_is_answered_once_from
     assert_eq!(recv_within(&h.kernel, Duration::from_millis(50)), None);
 }
 
-#[test]
 fn a_large_write_goes_in_order_part_after_part_and_is_answered_with_its_total() {
     let (h, _) = split_relay(ReadParts::InOrder);
     let data: Vec<u8> = (0..100 * 1024u32).map(|i| (i / 7) as u8).collect();
@@ -112,7 +110,6 @@ fn a_large_write_goes_in_order_part_after_part_and_is_answered_with_its_total() 
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
-#[test]
 fn a_daemon_gone_mid_split_answers_the_kernels_request_once() {
     let (mut h, _) = split_relay(ReadParts::AtOnce);
     send(&h.kernel, &request(READ, 14, 5, &io_in(0, 64 << 10)));
@@ -126,7 +123,6 @@ fn a_daemon_gone_mid_split_answers_the_kernels_request_once() {
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
-#[test]
 fn a_large_readdir_asks_for_the_cap() {
     let (h, _) = split_relay(ReadParts::InOrder);
     send(&h.kernel, &request(28, 16, 1, &io_in(0, 64 << 10)));
@@ -135,7 +131,6 @@ fn a_large_readdir_asks_for_the_cap() {
     assert_eq!(u32_at(&got, 56), Some(16 << 10));
 }
 
-#[test]
 fn in_order_a_large_reads_parts_go_one_after_another() {
     let (h, _) = split_relay(ReadParts::InOrder);
     send(&h.kernel, &request(READ, 18, 5, &io_in(0, 40 << 10)));
@@ -157,3 +152,11 @@ fn in_order_a_large_reads_parts_go_one_after_another() {
     assert_eq!(OutHeader::body(&r), &body[..]);
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
+
+super::tests::both_pumps!(
+    the_kernel_keeps_the_daemons_max_write_and_a_large_read_is_answered_once_from_its_parts,
+    a_large_write_goes_in_order_part_after_part_and_is_answered_with_its_total,
+    a_daemon_gone_mid_split_answers_the_kernels_request_once,
+    a_large_readdir_asks_for_the_cap,
+    in_order_a_large_reads_parts_go_one_after_another,
+);

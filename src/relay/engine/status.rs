@@ -20,7 +20,10 @@ pub struct RelayStatus {
     pub init: Option<InitCaps>,
     /// The message payload cap in use (bytes).
     pub cap: Option<u32>,
-    /// How long the pump keeps polling after a message before it sleeps (µs; `--spin`).
+    /// How the relay waits for messages: `threads` or `poll` (`--pump`).
+    pub pump: &'static str,
+    /// How long the poll pump keeps polling after a message before it sleeps (µs; `--spin`;
+    /// 0 with the threads pump).
     pub spin_us: u64,
     /// The cap the socket buffers alone would allow (bytes).
     pub buffer_cap: Option<u32>,
@@ -70,7 +73,8 @@ impl Relay {
         RelayStatus {
             init: *self.init.lock(),
             cap: self.limits.cap,
-            spin_us: self.spin.as_micros() as u64,
+            pump: self.pump_mode.name(),
+            spin_us: self.pump_mode.spin().as_micros() as u64,
             buffer_cap: self.limits.buffer_cap,
             sndbuf_relay: self.limits.sndbuf_relay,
             sndbuf_daemon: self.limits.sndbuf_daemon,

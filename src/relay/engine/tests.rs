@@ -18,8 +18,56 @@ use crate::relay::proto::{self, InHeader, Opcode, OutHeader};
 use crate::relay::proto::{put_u16, put_u32, u16_at, u32_at};
 
 const T: Duration = Duration::from_secs(5);
-/// The pump's spin in these tests.
-const SPIN: Duration = Duration::from_micros(50);
+/// The poll pump's spin in these tests.
+pub(super) const SPIN: Duration = Duration::from_micros(50);
+
+thread_local! {
+    /// The pump mode of the relays this test thread starts ([`with_pump`]).
+    static PUMP: std::cell::Cell<PumpMode> = const { std::cell::Cell::new(PumpMode::Threads) };
+}
+
+/// The pump mode of the relays this test thread starts.
+pub(super) fn pump() -> PumpMode {
+    PUMP.with(|p| p.get())
+}
+
+/// Runs `test` with relays started in `mode`.
+pub(super) fn with_pump(mode: PumpMode, test: fn()) {
+    PUMP.with(|p| p.set(mode));
+    test();
+}
+
+/// Makes each named test function a test run with each pump mode, in the modules
+/// `threads_pump` and `poll_pump`.
+macro_rules! both_pumps {
+    ($($name:ident),* $(,)?) => {
+        mod threads_pump {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::relay::engine::tests::with_pump(
+                        $crate::relay::engine::PumpMode::Threads,
+                        super::$name,
+                    );
+                }
+            )*
+        }
+        mod poll_pump {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::relay::engine::tests::with_pump(
+                        $crate::relay::engine::PumpMode::Poll {
+                            spin: $crate::relay::engine::tests::SPIN,
+                        },
+                        super::$name,
+                    );
+                }
+            )*
+        }
+    };
+}
+pub(super) use both_pumps;
 
 pub(super) struct Harness {
     pub(super) kernel: OwnedFd,
@@ -47,7 +95,7 @@ pub(super) fn start_with(limits: Limits) -> Harness {
         k_relay,
         d_relay,
         limits,
-        SPIN,
+        pump(),
         Accounting::new(),
         move |ev| {
             let _ = tx.lock().unwrap().send(ev);
@@ -136,7 +184,6 @@ pub(super) fn init_out(max_write: u32, flags: u32, max_pages: u16) -> Vec<u8> {
     b
 }
 
-#[test]
 fn init_is_rewritten_both_ways() {
     let h = start_with(Limits::from_sndbufs(
         128 * 1024 + 4096 + 32,
@@ -176,7 +223,6 @@ fn init_is_rewritten_both_ways() {
     assert_eq!(h.relay.outstanding().in_flight, 0);
 }
 
-#[test]
 fn init_fails_loudly_when_the_socket_is_too_small() {
     let h = start_with(Limits::from_sndbufs(8000, 8000, init::MAX_CAP));
     assert_eq!(h.relay.limits().cap, None);
@@ -188,7 +234,6 @@ fn init_fails_loudly_when_the_socket_is_too_small() {
     assert_eq!(recv_within(h.d(), Duration::from_millis(50)), None);
 }
 
-#[test]
 fn order_is_preserved_and_interrupt_replies_do_not_complete() {
     let h = start();
     // LOOKUP, READ, INTERRUPT(READ), FORGET, in kernel order.
@@ -223,7 +268,6 @@ fn order_is_preserved_and_interrupt_replies_do_not_complete() {
     assert_eq!((c.interrupt_replies, c.replies, c.forgets), (1, 2, 1));
 }
 
-#[test]
 fn in_flight_counts_and_handles() {
     let h = start();
     let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
@@ -263,7 +307,6 @@ fn in_flight_counts_and_handles() {
     assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
 }
 
-#[test]
 fn door_answers_eshutdown_without_forwarding() {
     let h = start();
     h.relay.close_door();
@@ -280,7 +323,6 @@ fn door_answers_eshutdown_without_forwarding() {
     assert_eq!(h.relay.counters().door_refused, 6);
 }
 
-#[test]
 fn notifications_pass_through_and_batch_forget_is_not_counted() {
     let h = start();
     // NOTIFY_INVAL_ENTRY (code 3) from the daemon: unique 0, error = code.
@@ -298,7 +340,6 @@ fn notifications_pass_through_and_batch_forget_is_not_counted() {
     assert_eq!((c.notifications, c.forgets), (1, 1));
 }
 
-#[test]
 fn daemon_eof_answers_everything_in_flight_with_eio() {
     let mut h = start();
     send(&h.kernel, &request(15, 2, 5, &[0; 40]));
@@ -322,7 +363,6 @@ fn daemon_eof_answers_everything_in_flight_with_eio() {
     assert_eq!(h.relay.outstanding().in_flight, 0);
 }
 
-#[test]
 fn stop_sends_shut_wr_and_keeps_reading_until_eof() {
     let mut h = start();
     send(&h.kernel, &request(25, 2, 5, &[0; 24]));
@@ -343,7 +383,6 @@ fn stop_sends_shut_wr_and_keeps_reading_until_eof() {
     assert_eq!(h.event(), EngineEvent::DaemonEof { reset: false });
 }
 
-#[test]
 fn max_message_caps_below_the_buffers() {
     let l = Limits::from_sndbufs(425_984, 425_984, init::DEFAULT_MAX_MESSAGE);
     assert_eq!((l.cap, l.buffer_cap), (Some(128 * 1024), Some(408 * 1024)));
@@ -356,7 +395,6 @@ fn max_message_caps_below_the_buffers() {
     assert_eq!(Limits::from_sndbufs(8000, 8000, 1 << 20).cap, None);
 }
 
-#[test]
 fn init_timeout_answers_the_kernel_eio_and_a_late_reply_is_dropped() {
     let h = start();
     send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
@@ -373,7 +411,6 @@ fn init_timeout_answers_the_kernel_eio_and_a_late_reply_is_dropped() {
     assert_eq!(h.relay.init_caps(), None);
 }
 
-#[test]
 fn kernel_gone_releases_handles_and_sends_eof_to_the_daemon() {
     let mut h = start();
     let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
@@ -391,7 +428,6 @@ fn kernel_gone_releases_handles_and_sends_eof_to_the_daemon() {
     assert!(h.relay.outstanding().is_idle());
 }
 
-#[test]
 fn kernel_gone_sends_eof_to_the_daemon() {
     let mut h = start();
     let k = std::mem::replace(&mut h.kernel, pair().0);
@@ -400,7 +436,6 @@ fn kernel_gone_sends_eof_to_the_daemon() {
     assert_eq!(recv(h.d()), Vec::<u8>::new());
 }
 
-#[test]
 fn malformed_daemon_reply_is_answered_eio() {
     let h = start();
     send(&h.kernel, &request(15, 2, 5, &[0; 40]));
@@ -414,7 +449,6 @@ fn malformed_daemon_reply_is_answered_eio() {
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
-#[test]
 fn emsgsize_is_answered_eio() {
     // Limits claim more than the socket carries: the send fails with EMSGSIZE.
     let (k_test, k_relay) = pair();
@@ -424,7 +458,7 @@ fn emsgsize_is_answered_eio() {
         k_relay,
         d_relay,
         Limits::from_sndbufs(1 << 20, 1 << 20, init::MAX_CAP),
-        SPIN,
+        pump(),
         Accounting::new(),
         |_| {},
     )
@@ -436,7 +470,6 @@ fn emsgsize_is_answered_eio() {
     assert_eq!(recv_within(&d_test, Duration::from_millis(50)), None);
 }
 
-#[test]
 fn replies_keep_flowing_while_the_daemon_does_not_read() {
     // The daemon stops reading requests (its receive queue fills and the relay's send waits)
     // but keeps replying: the replies must still reach the kernel, or a daemon that blocks on
@@ -471,7 +504,6 @@ fn replies_keep_flowing_while_the_daemon_does_not_read() {
     sender.join().unwrap();
 }
 
-#[test]
 fn open_files_are_named_from_the_names_relayed() {
     let h = start();
     let entry = |nodeid: u64| {
@@ -511,7 +543,6 @@ fn open_files_are_named_from_the_names_relayed() {
     assert_eq!(h.relay.open_paths(10)[0].0, "<nodeid 5>/f");
 }
 
-#[test]
 fn an_invalid_error_value_is_answered_eio() {
     let h = start();
     for (unique, bad) in [(2u64, 7i32), (4, -100_000)] {
@@ -525,7 +556,6 @@ fn an_invalid_error_value_is_answered_eio() {
     assert_eq!(h.relay.counters().protocol_errors, 2);
 }
 
-#[test]
 fn a_refused_init_is_passed_on_and_reported() {
     let h = start();
     send(&h.kernel, &request(26, 2, 0, &init_in(0, 0)));
@@ -606,7 +636,6 @@ fn release_write(fh: u64) -> Vec<u8> {
     rel
 }
 
-#[test]
 fn a_release_with_changes_no_flush_covered_is_preceded_by_an_own_fsync() {
     let h = start();
     open_write(&h, 2, 9);
@@ -661,7 +690,6 @@ fn a_release_with_changes_no_flush_covered_is_preceded_by_an_own_fsync() {
     assert_eq!(h.relay.failed_flushes().len(), 1);
 }
 
-#[test]
 fn an_open_answered_enosys_gets_a_handle_of_the_relay() {
     let h = start();
     let mut open = (libc::O_WRONLY as u32).to_le_bytes().to_vec();
@@ -695,7 +723,6 @@ fn an_open_answered_enosys_gets_a_handle_of_the_relay() {
 /// A notifier held in a write (here: the stand-in kernel's socket is full; in the kernel: a
 /// folio a READ holds) is waited for by `end_notifications`, and what is still queued is then
 /// dropped instead of written: drainfs never exits with its notifier inside the kernel.
-#[test]
 fn end_notifications_waits_for_the_write_in_progress_and_drops_the_rest() {
     let h = start();
     let sent = 2000;
@@ -723,3 +750,27 @@ fn end_notifications_waits_for_the_write_in_progress_and_drops_the_rest() {
     );
     assert!(c.notifications_dropped > 0, "{c:?}");
 }
+
+both_pumps!(
+    init_is_rewritten_both_ways,
+    init_fails_loudly_when_the_socket_is_too_small,
+    order_is_preserved_and_interrupt_replies_do_not_complete,
+    in_flight_counts_and_handles,
+    door_answers_eshutdown_without_forwarding,
+    notifications_pass_through_and_batch_forget_is_not_counted,
+    daemon_eof_answers_everything_in_flight_with_eio,
+    stop_sends_shut_wr_and_keeps_reading_until_eof,
+    max_message_caps_below_the_buffers,
+    init_timeout_answers_the_kernel_eio_and_a_late_reply_is_dropped,
+    kernel_gone_releases_handles_and_sends_eof_to_the_daemon,
+    kernel_gone_sends_eof_to_the_daemon,
+    malformed_daemon_reply_is_answered_eio,
+    emsgsize_is_answered_eio,
+    replies_keep_flowing_while_the_daemon_does_not_read,
+    open_files_are_named_from_the_names_relayed,
+    an_invalid_error_value_is_answered_eio,
+    a_refused_init_is_passed_on_and_reported,
+    a_release_with_changes_no_flush_covered_is_preceded_by_an_own_fsync,
+    an_open_answered_enosys_gets_a_handle_of_the_relay,
+    end_notifications_waits_for_the_write_in_progress_and_drops_the_rest,
+);
