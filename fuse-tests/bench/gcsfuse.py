@@ -11,15 +11,14 @@ its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max
 - `raw`:      gcsfuse on a directory, the application on it;
 - `auto`:     `drainfs run` (default flags: `--passthrough auto`) over gcsfuse on its lower;
 - `never`:    the same with `--passthrough never`;
-- `relay`:    `drainfs relay --socket-buffer 212992` (default flags: `--pump threads`) over
-              gcsfuse on `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI driver
-              makes it (fd=N, the sidecar as uid 65534 without capabilities);
-- `relay-poll`: the same with `--pump poll` (one thread polling both fds, `--spin auto`: the
-              relay's pump before the threads pump);
-- only with `--targets`: `relay-0s`, the same with `--pump poll --spin 0s`; `relay-capped`, the
-              same as `relay` with `--split-large-requests false`, the kernel capped at the
-              relay's 128 KiB instead of the relay splitting larger READs and WRITEs (what the
-              relay did before it split).
+- `relay`:    `drainfs relay --socket-buffer 212992` (default flags: `--pump poll --spin auto`)
+              over gcsfuse on `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI
+              driver makes it (fd=N, the sidecar as uid 65534 without capabilities);
+- `relay-threads`: the same with `--pump threads` (two threads, each blocked in its own fd);
+- only with `--targets`: `relay-0s`, the same as `relay` with `--spin 0s`; `relay-capped`, the
+              same with `--split-large-requests false`, the kernel capped at the relay's 128 KiB
+              instead of the relay splitting larger READs and WRITEs (what the relay did before
+              it split).
 
 fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
 (1 and 4 threads); each repetition runs every case on every target back to back, in an order
@@ -83,14 +82,14 @@ from benchlib import (  # noqa: E402
 
 log = benchlib.log
 
-TARGETS = ["raw", "auto", "never", "relay", "relay-poll"]
+TARGETS = ["raw", "auto", "never", "relay", "relay-threads"]
 KNOWN_TARGETS = TARGETS + ["relay-0s", "relay-capped"]
 # The relay's flags per relay target.
-RELAY_FLAGS = {"relay": [], "relay-poll": ["--pump", "poll"], "relay-0s": ["--pump", "poll", "--spin", "0s"],
+RELAY_FLAGS = {"relay": [], "relay-threads": ["--pump", "threads"], "relay-0s": ["--spin", "0s"],
                "relay-capped": ["--split-large-requests", "false"]}
 CACHES = ["off", "on"]
 # The targets, as a fraction of raw gcsfuse on every fio job.
-GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-poll": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
+GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-threads": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
 ARRANGEMENTS = ["stock", "relay", "mount"]
 
 PROFILES = {
