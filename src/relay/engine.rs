@@ -263,6 +263,10 @@ pub struct Relay {
     /// The WRITE part size: [`Limits::write_part`], at most the daemon's `max_write` once INIT
     /// is answered.
     write_part: AtomicU32,
+    /// Test hook: this many of the next sends to the daemon fail with ENOBUFS before reaching
+    /// the socket, as a failed skb allocation would.
+    #[cfg(test)]
+    inject_enobufs: AtomicU32,
     on_event: OnEvent,
 }
 
@@ -324,6 +328,8 @@ impl Relay {
             splits: Mutex::new(Splits::default()),
             profile: profile::Profile::default(),
             write_part: AtomicU32::new(limits.write_part),
+            #[cfg(test)]
+            inject_enobufs: AtomicU32::new(0),
             on_event: Box::new(on_event),
         });
         let r = Arc::clone(&relay);

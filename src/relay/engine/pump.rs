@@ -311,6 +311,25 @@ impl Relay {
         false
     }
 
+    /// One `send(2)` of one datagram to the daemon, without waiting (in tests, failing with
+    /// ENOBUFS while `inject_enobufs` counts down).
+    fn send_raw(&self, msg: &[u8]) -> Result<usize, Errno> {
+        #[cfg(test)]
+        if self
+            .inject_enobufs
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok()
+        {
+            return Err(Errno::ENOBUFS);
+        }
+        let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+        nix::sys::socket::send(self.sock.as_raw_fd(), msg, flags)
+    }
+
     /// One datagram to the daemon; EINTR retried at once. While the socket is full
     /// (EAGAIN/ENOBUFS) the daemon's replies keep being received and written to the kernel,
     /// by this thread when it is the one that receives them ([`PumpIo::receives`]), else by
@@ -322,8 +341,7 @@ impl Relay {
     pub(super) fn send(&self, msg: &[u8], io: &mut PumpIo) -> Result<(), Errno> {
         let mut backoff = BACKOFF_START;
         loop {
-            let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
-            match nix::sys::socket::send(self.sock.as_raw_fd(), msg, flags) {
+            match self.send_raw(msg) {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN | Errno::ENOBUFS) => {

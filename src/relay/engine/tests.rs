@@ -504,6 +504,42 @@ fn replies_keep_flowing_while_the_daemon_does_not_read() {
     sender.join().unwrap();
 }
 
+/// A send the socket refuses with ENOBUFS (a failed skb allocation) is retried until it goes
+/// through: every request reaches the daemon once, whole and in the kernel's order, and every
+/// reply reaches the kernel; nothing is answered with an error.
+fn a_send_refused_with_enobufs_is_retried_and_nothing_is_lost() {
+    let h = start();
+    h.relay
+        .inject_enobufs
+        .store(5, std::sync::atomic::Ordering::SeqCst);
+    let bodies: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 40 * 1024]).collect();
+    for (i, b) in bodies.iter().enumerate() {
+        send(&h.kernel, &request(16, 2 * (i as u64 + 1), 5, b));
+    }
+    for (i, b) in bodies.iter().enumerate() {
+        let got = recv(h.d());
+        assert_eq!(unique_of(&got), 2 * (i as u64 + 1), "order");
+        assert_eq!(InHeader::body(&got), &b[..], "a request arrived changed");
+        send(h.d(), &reply(unique_of(&got), 0, &[]));
+        let r = OutHeader::parse(&recv(&h.kernel)).unwrap();
+        assert_eq!((r.unique, r.error), (2 * (i as u64 + 1), 0));
+    }
+    assert_eq!(
+        h.relay
+            .inject_enobufs
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the injected ENOBUFS were not all hit"
+    );
+    assert_eq!(
+        recv_within(h.d(), Duration::from_millis(50)),
+        None,
+        "a duplicate"
+    );
+    let c = h.relay.counters();
+    assert_eq!((c.answered_send_failed, c.replies), (0, 3));
+}
+
 fn open_files_are_named_from_the_names_relayed() {
     let h = start();
     let entry = |nodeid: u64| {
@@ -752,6 +788,7 @@ fn end_notifications_waits_for_the_write_in_progress_and_drops_the_rest() {
 }
 
 both_pumps!(
+    a_send_refused_with_enobufs_is_retried_and_nothing_is_lost,
     init_is_rewritten_both_ways,
     init_fails_loudly_when_the_socket_is_too_small,
     order_is_preserved_and_interrupt_replies_do_not_complete,
