@@ -79,11 +79,16 @@ def strip(src):
 
 
 def drop_test_modules(lines):
-    """Blanks `#[cfg(test)]` items (modules and functions) in stripped lines."""
+    """Blanks `#[cfg(test)]` items (modules and functions) in stripped lines; on a struct field
+    or a field in a struct expression (`name: ...,` on one line), only that line."""
     res = list(lines)
     i = 0
     while i < len(res):
         if re.match(r"\s*#\[cfg\((all\()?test", res[i]):
+            if i + 1 < len(res) and re.match(r"\s*(pub(\([^)]*\))?\s+)?\w+\s*:[^:].*,\s*$", res[i + 1]):
+                res[i] = res[i + 1] = ""
+                i += 2
+                continue
             j, depth, opened = i, 0, False
             while j < len(res):
                 depth += res[j].count("{") - res[j].count("}")
@@ -324,6 +329,10 @@ def self_test():
                            "src/fs/h.rs": "use super::i::I;\npub struct H;\n",
                            "src/fs/i.rs": "use super::h::H;\npub struct I;\n"}, 1,
          "import circle among fs::h, fs::i"),
+        ("test-only field", {"src/lib.rs": "mod a;\n", "src/a.rs":
+                             "pub struct S {\n    #[cfg(test)]\n    t: u32,\n    u: u32,\n}\n"
+                             "fn make() -> S {\n    S {\n        #[cfg(test)]\n        t: 0,\n        u: 1,\n    }\n}\n"
+                             + long_fn}, 1, "fn long is"),
         ("child uses parent", {"src/lib.rs": "mod fs;\n", "src/fs/mod.rs": "mod h;\npub use h::H;\npub struct P;\n",
                                "src/fs/h.rs": "use super::P;\npub struct H;\n"}, 0, None),
     ]

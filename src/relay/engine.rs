@@ -336,22 +336,26 @@ impl Relay {
         let notifier = std::thread::Builder::new()
             .name("relay-notify".into())
             .spawn(move || r.notifier(notify_rx))?;
-        let r = Arc::clone(&relay);
-        let pump = match pump_mode {
+        let pump = Arc::clone(&relay).spawn_pump()?;
+        Ok((relay, Threads { pump, notifier }))
+    }
+
+    /// Starts the pump's thread(s) for the relay's [`PumpMode`]; returns the one to join.
+    fn spawn_pump(self: Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        match self.pump_mode {
             PumpMode::Poll { .. } => std::thread::Builder::new()
                 .name("relay-pump".into())
-                .spawn(move || r.pump())?,
+                .spawn(move || self.pump()),
             PumpMode::Threads => {
-                let d = Arc::clone(&relay);
+                let d = Arc::clone(&self);
                 let daemon_side = std::thread::Builder::new()
                     .name("relay-daemon".into())
                     .spawn(move || d.daemon_side())?;
                 std::thread::Builder::new()
                     .name("relay-kernel".into())
-                    .spawn(move || r.kernel_side(daemon_side))?
+                    .spawn(move || self.kernel_side(daemon_side))
             }
-        };
-        Ok((relay, Threads { pump, notifier }))
+        }
     }
 
     /// Reports `ev` to whoever drives the lifecycle (called from the pump).
