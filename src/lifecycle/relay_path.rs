@@ -69,8 +69,10 @@ impl DataPath for RelayPath {
         ex.shared.set_lower_up(true);
         let (tx, rx) = mpsc::unbounded_channel();
         let pump = match ex.cfg.relay.as_ref() {
-            Some(o) if o.pump == PumpChoice::Poll => PumpMode::Poll { spin: o.spin },
-            _ => PumpMode::Threads,
+            Some(o) if o.pump == PumpChoice::Threads => PumpMode::Threads,
+            o => PumpMode::Poll {
+                spin: o.map_or(Duration::ZERO, |o| o.spin),
+            },
         };
         let started = Relay::start(
             kernel,
