@@ -38,6 +38,21 @@ pub(super) struct PumpIo {
     pub(super) outbox: VecDeque<Outgoing>,
 }
 
+impl PumpIo {
+    /// Buffers of `kbuf_len` and `dbuf_len` bytes (0 for a side this thread does not read),
+    /// both fds open, an empty outbox.
+    pub(super) fn new(kbuf_len: usize, dbuf_len: usize, receives: bool) -> PumpIo {
+        PumpIo {
+            kbuf: vec![0u8; kbuf_len],
+            dbuf: vec![0u8; dbuf_len],
+            kernel_open: true,
+            daemon_open: true,
+            receives,
+            outbox: VecDeque::new(),
+        }
+    }
+}
+
 /// A message to the daemon that a daemon reply made ready (the pump sends it next, not from
 /// inside the reply's handling, where a full socket would have it receive replies again).
 #[derive(Debug)]
@@ -129,14 +144,11 @@ impl Relay {
     /// The pump thread's body: runs until both the kernel side and the daemon's end are gone,
     /// then drops the notifier's queue, which ends the notifier once it has written the rest.
     pub(super) fn pump(self: Arc<Self>) {
-        let mut io = PumpIo {
-            kbuf: vec![0u8; init::read_buffer(self.limits.kernel_cap)],
-            dbuf: vec![0u8; self.limits.daemon_recv_buffer],
-            kernel_open: true,
-            daemon_open: true,
-            receives: true,
-            outbox: VecDeque::new(),
-        };
+        let mut io = PumpIo::new(
+            init::read_buffer(self.limits.kernel_cap),
+            self.limits.daemon_recv_buffer,
+            true,
+        );
         if let Err(e) = set_nonblocking(&self.kernel, true) {
             tracing::error!(error = %e, "relay: cannot make the FUSE connection non-blocking");
             self.on_kernel_gone(e);

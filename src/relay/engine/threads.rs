@@ -28,7 +28,6 @@
 //!
 //! [`PumpMode::Threads`]: super::PumpMode::Threads
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -40,14 +39,7 @@ impl Relay {
     /// The kernel side's body: reads and handles kernel requests until the kernel's fd is
     /// done, then waits for `daemon_side` and ends the notifier's queue.
     pub(super) fn kernel_side(self: Arc<Self>, daemon_side: JoinHandle<()>) {
-        let mut io = PumpIo {
-            kbuf: vec![0u8; init::read_buffer(self.limits.kernel_cap)],
-            dbuf: Vec::new(),
-            kernel_open: true,
-            daemon_open: true,
-            receives: false,
-            outbox: VecDeque::new(),
-        };
+        let mut io = PumpIo::new(init::read_buffer(self.limits.kernel_cap), 0, false);
         if let Err(e) = set_nonblocking(&self.kernel, false) {
             tracing::error!(error = %e, "relay: cannot make the FUSE connection blocking");
             self.on_kernel_gone(e);
@@ -66,14 +58,7 @@ impl Relay {
     /// The daemon side's body: receives and handles daemon messages until the daemon's end is
     /// gone, sending after each what it made ready.
     pub(super) fn daemon_side(self: Arc<Self>) {
-        let mut io = PumpIo {
-            kbuf: Vec::new(),
-            dbuf: vec![0u8; self.limits.daemon_recv_buffer],
-            kernel_open: true,
-            daemon_open: true,
-            receives: true,
-            outbox: VecDeque::new(),
-        };
+        let mut io = PumpIo::new(0, self.limits.daemon_recv_buffer, true);
         while io.daemon_open {
             self.recv_one(&mut io, true);
             self.send_outbox(&mut io);
