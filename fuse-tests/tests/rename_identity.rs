@@ -210,6 +210,26 @@ fn file_moved_to_another_directory(place: &Place<'_>) {
     assert_eq!(names(&p(place, "Test")), Vec::<String>::new());
 }
 
+/// A file renamed while another handle of it is still open (as when the kernel's RELEASE of
+/// the last close reaches drainfs after the rename, which a busy machine does), then read by
+/// its new name at once, several times over: the read must reach the lower's file under the
+/// new name, not the inode the open handle holds (on gcsfuse the deleted original: `ENOENT`).
+fn file_renamed_while_open_is_read_by_its_new_name(place: &Place<'_>) {
+    for i in 0..10 {
+        let (from, to) = (format!("open-{i}"), format!("moved-{i}"));
+        let content = format!("content {i}\n");
+        write(&p(place, &from), content.as_bytes());
+        let held = std::fs::File::open(p(place, &from)).unwrap();
+        rename(&p(place, &from), &p(place, &to));
+        assert_eq!(read(&p(place, &to)), content.as_bytes(), "{to}");
+        assert!(std::fs::metadata(p(place, &to)).unwrap().is_file());
+        drop(held);
+    }
+    let mut want: Vec<String> = (0..10).map(|i| format!("moved-{i}")).collect();
+    want.sort();
+    assert_eq!(names(&place.dir), want);
+}
+
 /// A rename onto an existing file (gcsfuse's TestMoveFileWithDestFileExist), then the replaced
 /// name written again.
 fn file_renamed_onto_an_existing_file(place: &Place<'_>) {
@@ -461,6 +481,7 @@ on_every_lower! {
     directory_renamed_to_a_new_name;
     directory_renamed_onto_an_empty_directory;
     file_moved_to_another_directory;
+    file_renamed_while_open_is_read_by_its_new_name;
     file_renamed_onto_an_existing_file;
     rename_with_flags;
     unlinked_then_made_again;

@@ -21,7 +21,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -79,6 +79,10 @@ pub struct Inode {
     /// The open files of this inode (see [`OpenFiles`]). Held across the backing-id
     /// registration of an open; no other lock is taken while it is held.
     pub(super) open: Mutex<OpenFiles>,
+    /// Set when the lower gave this inode's name a new identity (a rename on gcsfuse): the
+    /// nodeid then stands for a lower inode no name reaches any more, and only its open
+    /// handles keep using it ([`Inode::detach`]).
+    detached: AtomicBool,
 }
 
 impl std::fmt::Debug for Inode {
@@ -100,6 +104,7 @@ impl Inode {
             lookups: AtomicU64::new(1),
             locs: Mutex::new(Vec::new()),
             open: Mutex::new(OpenFiles::default()),
+            detached: AtomicBool::new(false),
         })
     }
 
@@ -162,6 +167,21 @@ impl Inode {
             cur = parent.first_location();
         }
         false
+    }
+
+    /// Marks the inode detached: its lower inode is no longer what any name of the lower
+    /// reaches (gcsfuse made the renamed name, or a name under a renamed directory, a new
+    /// inode). From then on nothing reaches the lower through this nodeid but its open
+    /// handles (by fh): no cached or open-file fd serves a request by nodeid, so an OPEN or
+    /// GETATTR that reaches it through an entry the kernel has not yet dropped fails with
+    /// `ESTALE` (see [`Inode::is_detached`]).
+    pub(super) fn detach(&self) {
+        self.detached.store(true, SeqCst);
+    }
+
+    /// Whether [`Inode::detach`] was called.
+    pub(super) fn is_detached(&self) -> bool {
+        self.detached.load(SeqCst)
     }
 
     /// The lower fd of one of this inode's open files, if any.
@@ -296,6 +316,7 @@ impl InodeStore {
                 name: name.to_owned(),
             }]),
             open: Mutex::new(OpenFiles::default()),
+            detached: AtomicBool::new(false),
         });
         map.by_id.insert(nodeid, inode);
         map.by_key.insert(key, nodeid);

@@ -16,8 +16,12 @@ use crate::error::{Error, Kind, Result};
 
 impl Fs {
     /// The inode's O_PATH fd from the cache, else an open file's fd (the two locks are taken
-    /// one after the other, never nested).
+    /// one after the other, never nested). None for a detached inode ([`Inode::detach`]):
+    /// those fds reach the lower inode its names no longer do.
     pub(super) fn cached_fd(&self, inode: &Inode) -> Option<Arc<OwnedFd>> {
+        if inode.is_detached() {
+            return None;
+        }
         let cached = self.fd_cache.lock().get(&inode.nodeid).cloned();
         cached.or_else(|| inode.open_fd())
     }

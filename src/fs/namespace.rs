@@ -5,8 +5,9 @@
 //! A RENAME keeps a moved inode's nodeid only when the lower keeps its `(st_dev, st_ino)`
 //! (POSIX lowers). On gcsfuse a rename is a copy and a delete of objects: the new name is a
 //! new lower inode, and under a renamed directory every name is. Then the moved inode loses the
-//! name and its cached fds (its descendants' too), and the rename's answer names the new name
-//! for the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode.
+//! name and is detached with everything under it (requests by its nodeid fail with `ESTALE`;
+//! its open handles keep what they opened), and the rename's answer names the new name for
+//! the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode.
 //! Before a rename replaces an existing name, drainfs closes its own fds of the replaced
 //! inode, so the lower sees no more references to it than it would without drainfs.
 
@@ -175,9 +176,11 @@ impl Fs {
     /// returns true when the lower kept its identity (`fstatat` of the new name gives its
     /// key), and the inode then learns the new name. Otherwise (gcsfuse: a rename is a copy
     /// and a delete, and the new name is a new lower inode; or nothing was known under the old
-    /// name) returns false after taking the name from the inode and dropping its fds
-    /// ([`Fs::drop_fds`]): the kernel's entry for the new name, which the kernel moved along
-    /// with the old one, points at a nodeid that no longer stands for what the lower has there.
+    /// name) returns false after taking the name from the inode, detaching it and every inode
+    /// known under it ([`Inode::detach`]: only their open handles still reach the lower inodes
+    /// they opened) and dropping their cached fds: the kernel's entry for the new name, which
+    /// the kernel moved along with the old one, points at a nodeid that no longer stands for
+    /// what the lower has there.
     fn settle_moved(
         &self,
         inode: Option<&Arc<Inode>>,
@@ -196,21 +199,31 @@ impl Fs {
         }
         tracing::debug!(nodeid = inode.nodeid, name = ?to_name, "the lower gave the renamed name a new identity; dropping the old one's binding");
         inode.remove_location(to_parent.nodeid, to_name);
-        let gone = self.drop_fds(inode);
+        // Detached before their cached fds are dropped: from then on no request by nodeid
+        // uses a cached fd of theirs (one cached meanwhile included) or an open file's fd.
+        let gone = self.under(inode);
+        for id in &gone {
+            if let Some(i) = self.inodes.get(*id) {
+                i.detach();
+            }
+        }
+        self.drop_cached_fds(&gone);
         self.inodes.unkey(&gone);
         false
     }
 
     /// Drops the cached O_PATH fds of `inode` and, for a directory, of every inode known
-    /// under it: after a rename that made new lower inodes they reach the old ones, which
-    /// the lower deleted; before a rename they would keep the replaced inode referenced.
-    /// Their names stay; a name under a directory that lost its own names resolves through
-    /// it and fails with `ESTALE` (the kernel then looks the path up again). Returns the
-    /// nodeids it covered (`inode` first).
-    fn drop_fds(&self, inode: &Arc<Inode>) -> Vec<u64> {
-        let mut gone = vec![inode.nodeid];
+    /// under it (before a rename replaces `inode`, they would keep it referenced).
+    fn drop_fds(&self, inode: &Arc<Inode>) {
+        self.drop_cached_fds(&self.under(inode));
+    }
+
+    /// `inode`'s nodeid and, for a directory, those of every inode known under it (through
+    /// the names each was last seen under).
+    fn under(&self, inode: &Arc<Inode>) -> Vec<u64> {
+        let mut all = vec![inode.nodeid];
         if inode.fmt == libc::S_IFDIR {
-            gone.extend(
+            all.extend(
                 self.inodes
                     .all()
                     .iter()
@@ -218,12 +231,16 @@ impl Fs {
                     .map(|i| i.nodeid),
             );
         }
+        all
+    }
+
+    /// Closes the cached O_PATH fds of `nodeids` (outside the cache's lock).
+    fn drop_cached_fds(&self, nodeids: &[u64]) {
         let evicted: Vec<_> = {
             let mut cache = self.fd_cache.lock();
-            gone.iter().filter_map(|id| cache.pop(id)).collect()
+            nodeids.iter().filter_map(|id| cache.pop(id)).collect()
         };
-        drop(evicted); // closes outside the lock
-        gone
+        drop(evicted);
     }
 
     /// LINK: a new name for `nodeid`; the same nodeid is returned (hard links share identity).

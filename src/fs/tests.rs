@@ -786,6 +786,61 @@ fn a_rename_that_makes_a_new_lower_inode_detaches_the_moved_one() {
     assert_eq!(read_all(&fs, h.nodeid), b"two");
 }
 
+/// Issue 24's first sequence under load: the RELEASE of the file's last handle (the kernel
+/// sends it in the background after close) reaches drainfs only after the rename, and the
+/// application's next open reaches the moved nodeid through the kernel's entry before the
+/// invalidation does. That open must not reopen the still-open handle's fd, which reaches the
+/// old lower inode (gcsfuse answers ENOENT for its deleted object; a local lower serves the old
+/// file): it fails with ESTALE, on which the VFS looks the name up again (`LOOKUP_REVAL`).
+/// The open handle itself keeps reaching what it opened.
+#[test]
+fn an_open_of_a_nodeid_detached_by_a_rename_does_not_reach_its_open_handles_lower_inode() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let d = fs
+        .mkdir(ROOT_ID, OsStr::new("d"), 0o755, Caller::ROOT)
+        .unwrap();
+    let (e, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e.nodeid, fh, 0, b"one", None).unwrap();
+    let (inner, inner_fh) = create(&fs, d.nodeid, "inner");
+    fs.write(inner.nodeid, inner_fh, 0, b"in", None).unwrap();
+
+    // The file, then its directory, renamed while their handles are still open.
+    rename_on_copying_lower(&fs, dir.path(), &["g"], (ROOT_ID, "f"), (ROOT_ID, "g"), 0);
+    rename_on_copying_lower(&fs, dir.path(), &["d2"], (ROOT_ID, "d"), (ROOT_ID, "d2"), 0);
+    for (nodeid, what) in [
+        (e.nodeid, "the moved file"),
+        (inner.nodeid, "a file under the moved directory"),
+    ] {
+        assert_eq!(
+            fs.open(nodeid, libc::O_RDONLY, Caller::ROOT, None)
+                .err()
+                .map(|e| e.raw_errno()),
+            Some(libc::ESTALE),
+            "{what}: an open by the detached nodeid"
+        );
+        assert_eq!(
+            fs.getattr(nodeid, None).err().map(|e| e.raw_errno()),
+            Some(libc::ESTALE),
+            "{what}: a GETATTR without a handle"
+        );
+    }
+    // The open handles still reach the inodes they opened.
+    assert_eq!(fs.getattr(e.nodeid, Some(fh)).unwrap().st_size, 3);
+    let mut buf = [0u8; 8];
+    assert_eq!(fs.read(inner.nodeid, inner_fh, 0, &mut buf).unwrap(), 2);
+    fs.release(e.nodeid, fh).unwrap();
+    fs.release(inner.nodeid, inner_fh).unwrap();
+    // The names now lead to the lower's new inodes.
+    let g = fs.lookup(ROOT_ID, OsStr::new("g")).unwrap();
+    assert_ne!(g.nodeid, e.nodeid);
+    assert_eq!(read_all(&fs, g.nodeid), b"one");
+    let d2 = fs.lookup(ROOT_ID, OsStr::new("d2")).unwrap();
+    let inner2 = fs.lookup(d2.nodeid, OsStr::new("inner")).unwrap();
+    assert_ne!(inner2.nodeid, inner.nodeid);
+    assert_eq!(read_all(&fs, inner2.nodeid), b"in");
+}
+
 #[test]
 fn a_directory_renamed_into_new_lower_inodes_drops_every_descendants_fd() {
     let dir = tempfile::tempdir().unwrap();
