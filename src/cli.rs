@@ -50,7 +50,8 @@ pub enum Command {
     Relay(Box<RelayArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
-        /// Control socket of the running drainfs.
+        /// Control socket of the running drainfs, which opens one only when given
+        /// `--control-socket` (`DRAINFS_CONTROL_SOCKET`).
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
         /// Print the raw JSON snapshot (the same document as the admin server's `/status`).
@@ -60,13 +61,15 @@ pub enum Command {
     /// Start draining now (for a preStop hook): readiness turns false, the door closes once the
     /// mount is idle.
     Drain {
-        /// Control socket of the running drainfs.
+        /// Control socket of the running drainfs, which opens one only when given
+        /// `--control-socket` (`DRAINFS_CONTROL_SOCKET`).
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
     },
     /// Trigger shutdown as if the workload were gone.
     Shutdown {
-        /// Control socket of the running drainfs.
+        /// Control socket of the running drainfs, which opens one only when given
+        /// `--control-socket` (`DRAINFS_CONTROL_SOCKET`).
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
         /// Block until the process has exited (its control socket is gone).
@@ -74,9 +77,12 @@ pub enum Command {
         wait: bool,
     },
     /// Block until the mount serves (for an entrypoint or a postStart hook). Exit 0 once it
-    /// serves, 124 when `--timeout` passed first, 1 when shutdown began before it served.
+    /// serves, 124 when `--timeout` passed first, 1 when shutdown began before it served. A
+    /// missing socket is retried silently until `--timeout`: a drainfs started without
+    /// `--control-socket` has none, and `wait` then always ends 124.
     Wait {
-        /// Control socket of the running drainfs.
+        /// Control socket of the running drainfs, which opens one only when given
+        /// `--control-socket` (`DRAINFS_CONTROL_SOCKET`).
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
         /// Give up after this long (exit 124). Accepts `30`, `30s`, `1500ms`.
@@ -105,8 +111,9 @@ DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those two defaults. `gcsfuse --ve
 (GKE's sidecar mounter SIGKILLs its child 5 s after its SIGTERM), not the pod's grace period.
 
 Exit codes: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the lower (gcsfuse) failed
-or died, or (client commands) drainfs could not be reached; 75 data may be incomplete;
-124 `drainfs wait` timed out before the mount served.";
+or died, or `status`, `drain` or `shutdown` could not reach drainfs's control socket;
+75 data may be incomplete; 124 `drainfs wait` timed out before the mount served (`wait` also
+waits for a missing control socket: drainfs opens one only with `--control-socket`).";
 
 /// The gcsfuse drop-in's command line: for `gcsfuse ARGS...` (argv\[0\]'s file name is
 /// `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
@@ -182,11 +189,12 @@ pub struct RunArgs {
     #[arg(long, env = "DRAINFS_LOWER_PID", conflicts_with = "command", help_heading = HEADING_LOWER)]
     pub lower_pid: Option<i32>,
 
-    /// Signal sent to the lower's process once drainfs has drained and unmounted, only when
-    /// drainfs cannot unmount the lower's mount itself: without CAP_SYS_ADMIN, or when that
-    /// unmount is refused. With CAP_SYS_ADMIN (root, as in the manifests) drainfs unmounts
-    /// gcsfuse's mount, gcsfuse exits by itself, and no signal is sent. (gcsfuse unmounts on
-    /// SIGINT.)
+    /// Signal that stops the lower's process; no signal is sent after a clean drain when
+    /// drainfs can unmount gcsfuse's mount itself (CAP_SYS_ADMIN: root, as in the manifests),
+    /// and gcsfuse then exits by itself. The signal is sent without CAP_SYS_ADMIN or when that
+    /// unmount is refused, and, as root too, on a forced stop (deadline, second signal) and
+    /// when drainfs fails to start; SIGKILL follows if the lower has not exited within its
+    /// budget. (gcsfuse unmounts on SIGINT.)
     #[arg(long, env = "DRAINFS_LOWER_SIGNAL", value_parser = parse_signal, default_value = "SIGINT", help_heading = HEADING_LOWER)]
     pub lower_signal: nix::sys::signal::Signal,
 

@@ -211,7 +211,8 @@ pub enum ExitCode {
     /// 75 (EX_TEMPFAIL): forced with work outstanding, or a lower flush/close failed: data
     /// may be incomplete.
     Incomplete,
-    /// 69 (EX_UNAVAILABLE), client commands: drainfs could not be reached.
+    /// 69 (EX_UNAVAILABLE), `status`, `drain` and `shutdown`: drainfs could not be reached on
+    /// its control socket (`wait` retries until its `--timeout` instead).
     Unreachable,
     /// 124, `drainfs wait`: the mount did not serve within `--timeout` (GNU `timeout`'s code;
     /// says nothing about data, unlike 75).
