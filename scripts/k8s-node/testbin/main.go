@@ -5,6 +5,12 @@
 //	                              SLEEP_MS, writes DIR/job-$HOSTNAME.exit (UNIX ns), exits 0
 //	testbin sidecar DIR           a native sidecar: writes DIR/sidecar-$HOSTNAME.start, then on
 //	                              SIGTERM writes DIR/sidecar-$HOSTNAME.term (UNIX ns) and exits 0
+//	testbin write DIR DATA N KIB  a Job's workload on a bucket volume: writes DIR/job-$HOSTNAME.start,
+//	                              then N files DATA/part-I.bin of KIB KiB each (DATA made if
+//	                              missing; the content is Content(I, KIB), so whoever reads the
+//	                              bucket back can check it), each closed before the next, then
+//	                              DIR/job-$HOSTNAME.exit, and exits 0; a failed write or close
+//	                              exits 1
 //
 // Each line it prints goes to the container's log with the same timestamps.
 package main
@@ -30,6 +36,40 @@ func stamp(dir, name string) {
 	fmt.Printf("%s %d\n", p, now)
 }
 
+// Content is file I's bytes: the line "part-I offset-O\n" for every 64-byte record O,
+// padded with '.' to 64 bytes, KIB KiB in all.
+func Content(i, kib int) []byte {
+	b := make([]byte, 0, kib*1024)
+	for off := 0; off < kib*1024; off += 64 {
+		rec := fmt.Sprintf("part-%d offset-%d", i, off)
+		for len(rec) < 63 {
+			rec += "."
+		}
+		b = append(b, rec+"\n"...)
+	}
+	return b
+}
+
+func writeFiles(data string, n, kib int) error {
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		f, err := os.Create(filepath.Join(data, fmt.Sprintf("part-%d.bin", i)))
+		if err != nil {
+			return err
+		}
+		if _, err := f.Write(Content(i, kib)); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func waitSignal() os.Signal {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
@@ -38,7 +78,7 @@ func waitSignal() os.Signal {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR")
+		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write DIR DATA N KIB")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -63,6 +103,21 @@ func main() {
 		s := waitSignal()
 		stamp(os.Args[2], "sidecar.term")
 		fmt.Println("sidecar: got", s)
+	case "write":
+		if len(os.Args) != 6 {
+			os.Exit(2)
+		}
+		n, err1 := strconv.Atoi(os.Args[4])
+		kib, err2 := strconv.Atoi(os.Args[5])
+		if err1 != nil || err2 != nil {
+			os.Exit(2)
+		}
+		stamp(os.Args[2], "job.start")
+		if err := writeFiles(os.Args[3], n, kib); err != nil {
+			fmt.Fprintln(os.Stderr, "testbin write:", err)
+			os.Exit(1)
+		}
+		stamp(os.Args[2], "job.exit")
 	default:
 		os.Exit(2)
 	}
