@@ -89,6 +89,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+# port -> the fake-gcs-server process fake_gcs started (scripts/k8s-node/drainfs-pods.py stops
+# and resumes one).
+FAKE_SERVERS = {}
+
+
 def fake_gcs(stack, workdir):
     port = free_port()
     log = open(os.path.join(workdir, "fake-gcs.log"), "wb")
@@ -97,6 +102,7 @@ def fake_gcs(stack, workdir):
          "-host", "127.0.0.1", "-port", str(port), "-public-host", f"localhost:{port}",
          "-log-level", "warn"],
         stdout=log, stderr=subprocess.STDOUT)
+    FAKE_SERVERS[port] = p
 
     def stop():
         p.kill()

@@ -23,16 +23,43 @@ csi_mounter.go does. The mount options are job-gke-managed-relay.yaml's volume's
 (implicit-dirs, uid=1000, gid=1000) plus the fake server's endpoint.
 
 The workload (testbin write, uid 1000 as in the manifests) writes FILES files of KIB KiB under
-/data/<pod>/, each closed before the next, and stamps its exit (UNIX ns, the host's clock) into
-a hostPath directory off the bucket. Measured from the kubelet's side: workload exit -> the
-kubelet's /pods shows phase Succeeded (polled every 50 ms: what a Job controller or Airflow's
-KubernetesPodOperator waits for), and workload exit -> the sidecar's finishedAt. Checked per
-pod: phase Succeeded, the workload's exit 0, the sidecar's exit code and termination message
-as the kubelet records them (drainfs: a JSON summary with outcome clean), and every object read
-back from the server byte for byte.
+/data/<pod>/, each closed before the next, and stamps its start, any SIGTERM, its exit (UNIX ns,
+the host's clock) and the number of files it closed into a hostPath directory off the bucket.
 
-Usage: drainfs-pods.py [--arrangements stock,relay,self-managed] [--pods N] [--files N] [--kib K]
-Results: a table per pod, then p50/p95 per arrangement and a side-by-side table;
+Scenarios (--scenarios, each run for every arrangement, interleaved):
+
+  job       the pod runs to completion. Measured from the kubelet's side: workload exit -> the
+            kubelet's /pods shows phase Succeeded (polled every 50 ms: what a Job controller or
+            Airflow's KubernetesPodOperator waits for), and workload exit -> the sidecar's
+            finishedAt (containerd's record).
+  legacy    the same with the sidecar as a regular container and the exit-file flow: for stock
+            and relay GKE's non-native spec (the sidecar first in `containers`, NATIVE_SIDECAR
+            unset) and this script as the node driver writing the exit file once every other
+            container has terminated (putExitFile); for self-managed pod-legacy-sidecar.yaml's
+            pod, the workload waiting for drainfs's ready file and creating the exit file.
+  delete    the Deployment case: the pod's manifest is removed while the workload writes its
+            second file (each file is open --pace-ms ms); the kubelet stops the pod with its
+            grace period, the workload finishes the file it is writing on SIGTERM and exits 0.
+            Measured from the deletion: the workload's and the sidecar's exits, the sandbox's
+            stop. Every file the workload closed must be in the bucket, and nothing else.
+  stalled   the same, but the bucket's server (the pod's own fake-gcs-server) is stopped
+            (SIGSTOP) just before the deletion, with terminationGracePeriodSeconds (and, in
+            self-managed, DRAINFS_GRACE_PERIOD) GRACE_STALLED; resumed grace + 60 s after the
+            deletion if the pod is still stopping. Recorded: who exited when, with which code
+            and termination message. Checked: the files closed before the stall are in the
+            bucket, and the self-managed drainfs exits 75 with outcome `incomplete` before the
+            grace period ends (the relay cannot promise that: a native sidecar gets its SIGTERM
+            only once the workload has exited or been killed).
+
+Checked per pod (job, legacy, delete): the workload's exit 0, the sidecar's exit code and
+termination message as the kubelet records them (drainfs: a JSON summary with outcome clean;
+after a deletion, the kubelet's termination-message file, held open), and every object read back
+from the server byte for byte. In every scenario: a drainfs summary that says `clean` with a
+closed file missing, or an exit code that disagrees with the summary, fails the pod.
+
+Usage: drainfs-pods.py [--arrangements stock,relay,self-managed] [--scenarios job,legacy,delete,stalled]
+                       [--pods N] [--files N] [--kib K] [--pace-ms MS]
+Results: a line per pod, then a side-by-side table (p50/p95) per scenario;
 $K8S_NODE_WORK/results/drainfs-pods.json.
 Exit codes: 0 every pod passed every check; 1 a check failed (printed); 2 usage, or the node is
 not up (up.sh, then drainfs-images.sh).
@@ -43,8 +70,8 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -79,6 +106,9 @@ IMAGES = {
 TESTBIN = "local.drainfs/testbin:1"
 SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", "self-managed": "drainfs"}
 POD_TIMEOUT = 180
+SCENARIOS = ("job", "legacy", "delete", "stalled")
+# The stalled scenario's terminationGracePeriodSeconds (and DRAINFS_GRACE_PERIOD).
+GRACE_STALLED = 20
 BUCKET = rt.BUCKET
 
 
@@ -88,10 +118,10 @@ def content(i, kib):
                     for off in range(0, kib * 1024, 64))
 
 
-def workload(name, stamps, files, kib):
+def workload(name, stamps, files, kib, flags=()):
     return {
         "name": "app", "image": TESTBIN, "imagePullPolicy": "Never",
-        "args": ["write", "/stamps", f"/data/{name}", str(files), str(kib)],
+        "args": ["write", *flags, "/stamps", f"/data/{name}", str(files), str(kib)],
         "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True,
                             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
@@ -148,11 +178,33 @@ class NodeDriver:
             close_fd()  # the sidecar holds the only copy now, as with the real driver
             self.handed.set()
         threading.Thread(target=hand_over, daemon=True).start()
+        self.exit_file_ns = None
+
+    def put_exit_file(self, full, stop):
+        """The node driver's putExitFile (utils.go) for a regular sidecar: once every container
+        but the sidecar has terminated (polled at the kubelet's /pods every 200 ms; the real
+        driver checks when the kubelet republishes the volume), create <tmp>/.volumes/exit,
+        owned by 65534, which the sidecar mounter polls for every 5 s."""
+        def watch():
+            while not stop.is_set():
+                _, status = pod_status(full)
+                cs = [c for c in status.get("containerStatuses", []) if c["name"] != "gke-gcsfuse-sidecar"]
+                if cs and all("terminated" in c.get("state", {}) for c in cs):
+                    path = os.path.join(self.tmp, ".volumes", "exit")
+                    with open(path, "w"):
+                        pass
+                    os.chown(path, 65534, 65534)
+                    self.exit_file_ns = time.time_ns()
+                    return
+                stop.wait(0.2)
+        threading.Thread(target=watch, daemon=True).start()
 
 
-def gke_pod(arr, name, port, stack, base, stamps, files, kib):
+def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags):
+    """GKE's webhook spec: GetNativeSidecarContainerSpec, or for `legacy` GetSidecarContainerSpec
+    (a regular container, first in the list, NATIVE_SIDECAR unset)."""
     drv = NodeDriver(stack, base, port)
-    app, stamps_vol = workload(name, stamps, files, kib)
+    app, stamps_vol = workload(name, stamps, files, kib, flags)
     app["volumeMounts"].append({"name": "gcs", "mountPath": "/data"})
     sidecar = {
         "name": "gke-gcsfuse-sidecar", "image": IMAGES[arr], "imagePullPolicy": "Never",
@@ -166,8 +218,11 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib):
                          {"name": "gke-gcsfuse-buffer", "mountPath": "/gcsfuse-buffer"},
                          {"name": "gke-gcsfuse-cache", "mountPath": "/gcsfuse-cache"}],
     }
+    if scenario == "legacy":
+        del sidecar["restartPolicy"], sidecar["env"]
     spec = {
-        "hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 30,
+        "hostNetwork": True, "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": GRACE_STALLED if scenario == "stalled" else 30,
         "initContainers": [sidecar], "containers": [app],
         "volumes": [{"name": "gke-gcsfuse-tmp", "hostPath": {"path": drv.tmp, "type": "Directory"}},
                     {"name": "gke-gcsfuse-buffer", "emptyDir": {}},
@@ -178,29 +233,46 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib):
                     {"name": "gcs", "hostPath": {"path": drv.target}},
                     stamps_vol],
     }
+    if scenario == "legacy":
+        spec["initContainers"], spec["containers"] = [], [sidecar, app]
     return spec, drv
 
 
-def self_managed_pod(name, port, stamps, files, kib):
+def self_managed_pod(name, port, stamps, files, kib, scenario, flags):
+    """job-native-sidecar.yaml's pod template, or for `legacy` pod-legacy-sidecar.yaml's pod, as
+    written but for what the module docstring lists. In `legacy` the workload is testbin with
+    -ready and -exit-file in place of the manifest's /bin/sh wrapper (the test image has no
+    shell): it waits for drainfs's ready file and creates the exit file by rename, as the
+    wrapper does. In `stalled` the grace period and DRAINFS_GRACE_PERIOD are both
+    GRACE_STALLED."""
     import yaml
-    with open(os.path.join(REPO, "docker", "k8s", "job-native-sidecar.yaml")) as f:
-        job = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "Job")
-    spec = job["spec"]["template"]["spec"]
+    legacy = scenario == "legacy"
+    path = os.path.join(REPO, "docker", "k8s", "pod-legacy-sidecar.yaml" if legacy else "job-native-sidecar.yaml")
+    with open(path) as f:
+        doc = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == ("Pod" if legacy else "Job"))
+    spec = doc["spec"] if legacy else doc["spec"]["template"]["spec"]
     spec.pop("serviceAccountName", None)
     spec["hostNetwork"] = True
-    for c in spec["initContainers"]:
-        c["image"], c["imagePullPolicy"] = IMAGES["self-managed"], "Never"
-    drainfs = next(c for c in spec["initContainers"] if c["name"] == "drainfs")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        if c["name"] != "app":
+            c["image"], c["imagePullPolicy"] = IMAGES["self-managed"], "Never"
+    drainfs = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "drainfs")
+    if scenario == "stalled":
+        spec["terminationGracePeriodSeconds"] = GRACE_STALLED
+        next(e for e in drainfs["env"] if e["name"] == "DRAINFS_GRACE_PERIOD")["value"] = str(GRACE_STALLED)
+    if legacy:
+        flags = [*flags, "-ready", "/drainfs-signal/ready", "-exit-file", "/drainfs-signal/exit"]
     args = drainfs["args"]
     fg = args.index("--foreground")
     args[fg + 1:fg + 1] = [f"--custom-endpoint=http://localhost:{port}/storage/v1/", "--anonymous-access",
                            "--enable-hns=false", "--enable-atomic-rename-object=false", "--disable-autoconfig"]
     args[args.index("example-bucket")] = BUCKET
-    app, stamps_vol = workload(name, stamps, files, kib)
-    manifest_app = spec["containers"][0]
+    app, stamps_vol = workload(name, stamps, files, kib, flags)
+    at = next(i for i, c in enumerate(spec["containers"]) if c["name"] == "app")
+    manifest_app = spec["containers"][at]
     app["volumeMounts"] += manifest_app["volumeMounts"]
     app["securityContext"] = manifest_app["securityContext"]
-    spec["containers"] = [app]
+    spec["containers"][at] = app
     spec["volumes"].append(stamps_vol)
     return spec
 
@@ -225,36 +297,269 @@ def rfc3339_ns(ts):
     return int(whole.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
-def finished_ns(full, container):
-    """The container's finishedAt as containerd recorded it (ns resolution; the pod status the
-    kubelet reports has seconds), or None."""
+class TaskExits:
+    """containerd's task exit events (`ctr events`, topic /tasks/exit, the container's own task,
+    not a hook's exec): container ID -> (exit status, exited_at in UNIX ns). The kubelet removes a deleted pod's containers within
+    moments of their exit, often before crictl can be asked about them; the event stream
+    misses none."""
+
+    def __init__(self, stack):
+        self.exits = {}
+        self.proc = subprocess.Popen(
+            [os.path.join(jp.ROOT, "bin", "ctr"), "--address", jp.SOCK.removeprefix("unix://"),
+             "-n", "k8s.io", "events"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def stop():
+            self.proc.kill()
+            self.proc.wait()
+        stack.callback(stop)
+
+        def read():
+            for line in self.proc.stdout:
+                _, sep, rest = line.partition(" /tasks/exit ")
+                e = json.loads(rest) if sep else {}
+                # A hook's exec process exits with its own `id`; the container's task has its ID.
+                if "container_id" in e and e.get("id") == e["container_id"]:
+                    at = e.get("exited_at", {})
+                    self.exits[e["container_id"]] = (e.get("exit_status", 0),
+                                                     at.get("seconds", 0) * 1_000_000_000 + at.get("nanos", 0))
+        threading.Thread(target=read, daemon=True).start()
+
+
+def exited(sb_id, seen, ids, events):
+    """Records the sandbox's containers (name -> ID, into `ids`, while they exist) and adds to
+    `seen` (name -> (exit code, reason, finishedAt in UNIX ns)) each one that has exited, from
+    the task exit events."""
+    for c in json.loads(jp.crictl("ps", "-a", "-o", "json", "--pod", sb_id))["containers"]:
+        ids.setdefault(c["metadata"]["name"], c["id"])
+    for name, cid in ids.items():
+        if name not in seen and cid in events.exits:
+            code, at = events.exits[cid]
+            seen[name] = (code, "Completed" if code == 0 else "Error", at)
+    return seen
+
+
+def crictl_state(full, container):
+    """The container's exit code, reason and finishedAt (UNIX ns, containerd's record; the pod
+    status the kubelet reports has seconds) from crictl, or Nones while it runs or is gone."""
     sb = jp.sandbox(full)
     if not sb:
-        return None
+        return None, None, None
     for c in json.loads(jp.crictl("ps", "-a", "-o", "json", "--pod", sb["id"]))["containers"]:
         if c["metadata"]["name"] == container:
-            ts = json.loads(jp.crictl("inspect", c["id"]))["status"].get("finishedAt")
+            st = json.loads(jp.crictl("inspect", c["id"]))["status"]
+            ts = st.get("finishedAt")
             if ts and not ts.startswith("0001"):
-                return rfc3339_ns(ts)
-    return None
+                return st.get("exitCode"), st.get("reason"), rfc3339_ns(ts)
+    return None, None, None
 
 
-def run_pod(arr, i, port, files, kib):
-    name = f"{arr}-{os.getpid()}-{i}"
+class TermLog:
+    """Holds open every termination-message file the kubelet makes for `container`
+    (<root-dir>/pods/<uid>/containers/<name>/<id>, bind-mounted at its terminationMessagePath),
+    so that what the container wrote there can be read after a deleted pod's directory is gone
+    (the kubelet's /pods drops a static pod as soon as its manifest is removed)."""
+
+    def __init__(self, stack, full, container):
+        self.fds = {}
+        stop = threading.Event()
+
+        def watch():
+            d = None
+            while not stop.wait(0.05):
+                with contextlib.suppress(OSError):
+                    if d is None:
+                        p = jp.kubelet_pod(full)
+                        if p:
+                            d = os.path.join(WORK, "kubelet", "pods", p["metadata"]["uid"], "containers", container)
+                        continue
+                    for f in os.listdir(d):
+                        if f not in self.fds:
+                            self.fds[f] = os.open(os.path.join(d, f), os.O_RDONLY)
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+
+        def close():
+            stop.set()
+            t.join()
+            for fd in self.fds.values():
+                os.close(fd)
+        stack.callback(close)
+
+    def text(self):
+        """The last non-empty message (one per container instance), or ""."""
+        out = ""
+        for fd in list(self.fds.values()):
+            t = os.pread(fd, 65536, 0).decode(errors="replace")
+            out = t or out
+        return out
+
+
+def read_stamps(d):
+    """job-pods.py's stamps, job.term, and `closed`: the files the workload closed."""
+    s = jp.stamps(d)
+    for f in os.listdir(d):
+        if f.endswith("-job.term"):
+            s["job.term"] = int(open(os.path.join(d, f)).read())
+        if f.endswith("-job.closed"):
+            s["closed"] = int(open(os.path.join(d, f)).read())
+    return s
+
+
+def observe_completion(r, full, arr, term):
+    """Waits for the pod's phase (POD_TIMEOUT) and records it with the kubelet's record of the
+    containers; returns the time the phase Succeeded was seen (UNIX ns) or None."""
+    t_succeeded, phases, status = None, [], {}
+    deadline = time.time() + POD_TIMEOUT
+    while time.time() < deadline:
+        now = time.time_ns()
+        _, status = pod_status(full)
+        phase = status.get("phase")
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+        if phase in ("Succeeded", "Failed"):
+            t_succeeded = now if phase == "Succeeded" else None
+            break
+        time.sleep(jp.POLL)
+    # The sidecar's final status can follow the phase by a sync.
+    side = {}
+    for _ in range(100):
+        _, status = pod_status(full)
+        side = container_status(status, SIDECAR_NAME[arr])
+        if "terminated" in side.get("state", {}):
+            break
+        time.sleep(0.1)
+    r["phases"] = phases
+    app = container_status(status, "app").get("state", {}).get("terminated", {})
+    t = side.get("state", {}).get("terminated", {})
+    r["app_exit"], r["sidecar_exit"], r["sidecar_reason"] = app.get("exitCode"), t.get("exitCode"), t.get("reason")
+    r["termination_message"] = t.get("message") or ""
+    if t_succeeded is None:
+        r["errors"].append(f"no phase Succeeded within {POD_TIMEOUT}s (phases {phases})")
+    return t_succeeded
+
+
+def observe_deletion(r, full, arr, stamps, manifest, server, pace_ms, grace, term, events):
+    """Removes the pod's manifest (the kubelet stops the pod with its grace period, as on a
+    deletion) while the workload writes its second file, after stopping the bucket's server
+    (SIGSTOP) when `server` is given; waits for the sandbox to stop, resuming the server grace +
+    60 s after the deletion if it is still waiting. Records the containers' exit codes from
+    containerd's task exit events and the sidecar's termination message (TermLog); returns the
+    deletion's time."""
+    deadline = time.time() + POD_TIMEOUT
+    while "job.start" not in read_stamps(stamps):
+        if time.time() > deadline:
+            r["errors"].append(f"the workload did not start within {POD_TIMEOUT}s")
+            return None
+        time.sleep(jp.POLL)
+    time.sleep(pace_ms * 1.5 / 1000)
+    if server is not None:
+        os.kill(server.pid, signal.SIGSTOP)
+    t_del = time.time_ns()
+    os.unlink(manifest)
+    resume, end = time.time() + grace + 60, time.time() + grace + 150
+    r["phases"] = ["deleted"]
+    sb_id, seen, ids = jp.sandbox(full)["id"], {}, {}
+    while time.time() < end:
+        exited(sb_id, seen, ids, events)
+        if server is not None and time.time() > resume and "server resumed" not in r["phases"]:
+            os.kill(server.pid, signal.SIGCONT)
+            r["phases"].append("server resumed")
+            r.setdefault("ms", {})["deleted->server resumed"] = (time.time_ns() - t_del) / 1e6
+        sb = jp.sandbox(full)
+        if sb is None or sb["state"] == "SANDBOX_NOTREADY":
+            r.setdefault("ms", {})["deleted->pod stopped"] = (time.time_ns() - t_del) / 1e6
+            r["phases"].append("stopped")
+            break
+        time.sleep(jp.POLL)
+    else:
+        r["errors"].append(f"the pod did not stop within {grace + 150}s of its deletion")
+    if server is not None:
+        os.kill(server.pid, signal.SIGCONT)
+    for _ in range(50):  # the last exit events can trail the sandbox's state by moments
+        if len(exited(sb_id, seen, ids, events)) == len(ids):
+            break
+        time.sleep(0.1)
+    r["app_exit"], _, app_fin = seen.get("app", (None, None, None))
+    r["sidecar_exit"], r["sidecar_reason"], side_fin = seen.get(SIDECAR_NAME[arr], (None, None, None))
+    for what, fin in (("app", app_fin), ("sidecar", side_fin)):
+        if fin is not None:
+            r["ms"][f"deleted->{what} exited"] = (fin - t_del) / 1e6
+    r["termination_message"] = term.text()
+    return t_del
+
+
+def check(r, arr, scenario, s, drv, port, name, files, kib):
+    """The checks every scenario shares (see the module docstring); appends to r["errors"]."""
+    if drv is not None and not drv.handed.is_set():
+        r["errors"].append("the sidecar mounter never took the FUSE fd")
+    msg = r["termination_message"]
+    summary = {}
+    if arr in ("relay", "self-managed"):
+        with contextlib.suppress(ValueError):
+            summary = json.loads(msg)
+        r["outcome"] = summary.get("outcome")
+    closed = s.get("closed", files if "job.exit" in s else None)
+    got = {k: v for k, v in rt.objects(port).items() if k.startswith(name + "/")}
+    got.pop(name + "/", None)  # the directory's own object, if gcsfuse made one
+    want = {f"{name}/part-{j}.bin": content(j, kib) for j in range(closed or 0)}
+    r["objects"] = len(got)
+    intact = closed is not None and all(got.get(k) == v for k, v in want.items())
+    if scenario != "stalled":
+        if r["app_exit"] != 0:
+            r["errors"].append(f"the workload's exit code {r['app_exit']}")
+        if "job.exit" not in s:
+            r["errors"].append("no job.exit stamp")
+        if arr != "stock" and (r["outcome"] != "clean" or summary.get("exit_code") != 0):
+            r["errors"].append(f"termination message is not a clean drainfs summary: {msg[:200]!r}")
+        if arr == "self-managed" and r["sidecar_exit"] != 0:
+            r["errors"].append(f"drainfs's exit code {r['sidecar_exit']}")
+        if not intact or set(got) - set(want):
+            r["errors"].append(f"bucket: {len(got)} objects, {closed} closed by the workload; wrong or"
+                               f" missing: {sorted(k for k in want if got.get(k) != want[k])[:5]}")
+    if scenario == "delete" and ("job.term" not in s or not 0 < (closed or 0) < files):
+        r["errors"].append(f"the deletion did not land while the workload wrote ({closed} of {files} closed)")
+    if scenario == "stalled":
+        # What the workload had closed before the stall was uploaded by its close(); the file
+        # open at the stall cannot be, so drainfs must say so, before the grace period ends.
+        if closed is not None and not intact:
+            r["errors"].append(f"bucket: a file closed before the stall is missing or wrong ({closed} closed)")
+        took = r["ms"].get("deleted->sidecar exited")
+        if arr == "self-managed" and (r["sidecar_exit"] != 75 or r.get("outcome") != "incomplete"
+                                      or took is None or took >= GRACE_STALLED * 1000):
+            r["errors"].append(f"drainfs did not exit 75 with outcome incomplete within the grace period"
+                               f" (exit {r['sidecar_exit']}, outcome {r.get('outcome')}, after {took} ms)")
+    # Every scenario: a drainfs that reports `clean` lost nothing the workload closed, and its
+    # exit code says the same as its summary.
+    if r.get("outcome") == "clean" and not intact:
+        r["errors"].append("drainfs reported clean, but a file the workload closed is missing or wrong")
+    if summary and arr == "self-managed" and (r["sidecar_exit"] == 0) != (r["outcome"] == "clean"):
+        r["errors"].append(f"drainfs exited {r['sidecar_exit']} with outcome {r['outcome']}")
+
+
+def run_pod(arr, i, port, a, scenario):
+    name = f"{arr}-{scenario}-{os.getpid()}-{i}"
     full = f"{name}-{NODE}"
     base = os.path.join(WORK, "drainfs-pods", name)
     stamps = os.path.join(base, "stamps")
     os.makedirs(stamps)
     os.chmod(stamps, 0o777)
-    r = {"arrangement": arr, "pod": full, "errors": []}
+    r = {"arrangement": arr, "scenario": scenario, "pod": full, "errors": [], "ms": {}}
     manifest = os.path.join(WORK, "manifests", f"{name}.yaml")
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, base, True)
+        server = None
+        if scenario == "stalled":
+            # Its own server, stopped and resumed by observe_deletion.
+            os.makedirs(os.path.join(base, "fake-gcs"))
+            port = rt.fake_gcs(stack, os.path.join(base, "fake-gcs"))
+            server = rt.FAKE_SERVERS[port]
+        flags = ["-pace-ms", str(a.pace_ms)] if scenario in ("delete", "stalled") else []
         drv = None
         if arr == "self-managed":
-            spec = self_managed_pod(name, port, stamps, files, kib)
+            spec = self_managed_pod(name, port, stamps, a.files, a.kib, scenario, flags)
         else:
-            spec, drv = gke_pod(arr, name, port, stack, base, stamps, files, kib)
+            spec, drv = gke_pod(arr, name, port, stack, base, stamps, a.files, a.kib, scenario, flags)
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": "default"}, "spec": spec}
         tmp = os.path.join(WORK, "manifests", f".{name}.yaml")
@@ -268,68 +573,30 @@ def run_pod(arr, i, port, files, kib):
             while time.time() < deadline and jp.kubelet_pod(full):
                 time.sleep(0.2)
         stack.callback(remove_pod)
+        stop = threading.Event()
+        stack.callback(stop.set)
+        term = TermLog(stack, full, SIDECAR_NAME[arr])
+        events = TaskExits(stack) if scenario in ("delete", "stalled") else None
         os.rename(tmp, manifest)
-        t_succeeded, phases, status = None, [], {}
-        deadline = time.time() + POD_TIMEOUT
-        while time.time() < deadline:
-            now = time.time_ns()
-            p, status = pod_status(full)
-            phase = status.get("phase")
-            if phase and (not phases or phases[-1] != phase):
-                phases.append(phase)
-            if phase == "Succeeded":
-                t_succeeded = now
-                break
-            if phase == "Failed":
-                break
-            time.sleep(jp.POLL)
-        # The sidecar's final status can follow the phase by a sync.
-        side = {}
-        for _ in range(100):
-            _, status = pod_status(full)
-            side = container_status(status, SIDECAR_NAME[arr])
-            if "terminated" in side.get("state", {}):
-                break
-            time.sleep(0.1)
-        r["phases"] = phases
-        app = container_status(status, "app").get("state", {}).get("terminated", {})
-        term = side.get("state", {}).get("terminated", {})
-        r["app_exit"], r["sidecar_exit"] = app.get("exitCode"), term.get("exitCode")
-        r["sidecar_reason"] = term.get("reason")
-        msg = term.get("message", "")
-        r["termination_message"] = msg[:400]
-        s = jp.stamps(stamps)
-        if t_succeeded is None:
-            r["errors"].append(f"no phase Succeeded within {POD_TIMEOUT}s (phases {phases})")
-        if r["app_exit"] != 0:
-            r["errors"].append(f"the workload's exit code {r['app_exit']}")
-        if drv is not None and not drv.handed.is_set():
-            r["errors"].append("the sidecar mounter never took the FUSE fd")
-        if "job.exit" not in s:
-            r["errors"].append("no job.exit stamp")
-        if arr in ("relay", "self-managed"):
-            try:
-                summary = json.loads(msg)
-            except ValueError:
-                summary = {}
-            r["outcome"] = summary.get("outcome")
-            if summary.get("outcome") != "clean" or summary.get("exit_code") != 0:
-                r["errors"].append(f"termination message is not a clean drainfs summary: {msg[:200]!r}")
-        if arr == "self-managed" and r["sidecar_exit"] != 0:
-            r["errors"].append(f"drainfs's exit code {r['sidecar_exit']}")
-        if t_succeeded is not None and "job.exit" in s:
+        if drv is not None and scenario == "legacy":
+            drv.put_exit_file(full, stop)
+        if scenario in ("job", "legacy"):
+            t_end = observe_completion(r, full, arr, term)
+        else:
+            t_end = observe_deletion(r, full, arr, stamps, manifest, server, a.pace_ms,
+                                     spec["terminationGracePeriodSeconds"], term, events)
+        s = read_stamps(stamps)
+        if scenario in ("job", "legacy") and t_end is not None and "job.exit" in s:
             ex = s["job.exit"]
-            r["ms"] = {"exit->Succeeded": (t_succeeded - ex) / 1e6}
-            fin = finished_ns(full, SIDECAR_NAME[arr])
+            r["ms"]["exit->Succeeded"] = (t_end - ex) / 1e6
+            fin = crictl_state(full, SIDECAR_NAME[arr])[2]
             if fin is not None:
                 r["ms"]["exit->sidecar exited"] = (fin - ex) / 1e6
-        got = {k: v for k, v in rt.objects(port).items() if k.startswith(name + "/")}
-        want = {f"{name}/part-{j}.bin": content(j, kib) for j in range(files)}
-        got.pop(name + "/", None)  # the directory's own object, if gcsfuse made one
-        if got != want:
-            r["errors"].append(f"bucket: {len(got)} of {len(want)} objects, wrong or missing:"
-                               f" {sorted(k for k in want if got.get(k) != want[k])[:5]}")
-        r["objects"] = len(got)
+            if drv is not None and drv.exit_file_ns:
+                r["ms"]["exit->exit file"] = (drv.exit_file_ns - ex) / 1e6
+        r["closed"] = s.get("closed")
+        check(r, arr, scenario, s, drv, port, name, a.files, a.kib)
+        r["termination_message"] = r["termination_message"][:400]
     return r
 
 
@@ -338,17 +605,46 @@ def pct(v, q):
     return v[min(len(v) - 1, max(0, round(q / 100 * len(v) + 0.5) - 1))]
 
 
+def table(results, arrs, scenario):
+    """The side-by-side table of one scenario; returns how many pods failed."""
+    rs_all = [r for r in results if r["scenario"] == scenario]
+    keys = list(dict.fromkeys(k for r in rs_all for k in r["ms"]))
+    print(f"\n{scenario}:\n")
+    print("| arrangement | pods passed | " + " | ".join(f"{k} p50 / p95 (ms)" for k in keys)
+          + " | sidecar exit codes | outcomes | objects intact |")
+    print("| --- " * (len(keys) + 5) + "|")
+    bad = 0
+    for arr in arrs:
+        rs = [r for r in rs_all if r["arrangement"] == arr]
+        ok = [r for r in rs if not r["errors"]]
+        bad += len(rs) - len(ok)
+        col = []
+        for key in keys:
+            v = [r["ms"][key] for r in rs if key in r["ms"]]
+            col.append(f"{pct(v, 50):.0f} / {pct(v, 95):.0f}" if v else "-")
+        codes = ", ".join(sorted({str(r["sidecar_exit"]) for r in rs}))
+        outcomes = ", ".join(sorted({str(r.get("outcome", "-")) for r in rs}))
+        intact = sum(1 for r in rs if not any(e.startswith("bucket") for e in r["errors"]))
+        print(f"| {arr} | {len(ok)} of {len(rs)} | " + " | ".join(col)
+              + f" | {codes} | {outcomes} | {intact} of {len(rs)} |")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arrangements", default="stock,relay,self-managed")
+    ap.add_argument("--scenarios", default="job")
     ap.add_argument("--pods", type=int, default=10)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--kib", type=int, default=1024)
+    ap.add_argument("--pace-ms", type=int, default=2000)
     a = ap.parse_args()
-    arrs = a.arrangements.split(",")
-    if any(x not in IMAGES for x in arrs) or a.pods < 1 or a.files < 1 or a.kib < 1:
-        ap.error("arrangements: stock, relay, self-managed; counts positive")
-    import signal
+    arrs, scens = a.arrangements.split(","), a.scenarios.split(",")
+    if (any(x not in IMAGES for x in arrs) or any(x not in SCENARIOS for x in scens)
+            or a.pods < 1 or a.files < 1 or a.kib < 1 or a.pace_ms < 0):
+        ap.error(f"arrangements: {', '.join(IMAGES)}; scenarios: {', '.join(SCENARIOS)}; counts positive")
+    if any(x in ("delete", "stalled") for x in scens) and (a.files < 3 or a.pace_ms < 400):
+        ap.error("delete and stalled need --files 3 or more and --pace-ms 400 or more (the deletion lands in the second file)")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     try:
@@ -363,34 +659,20 @@ def main():
         stack.callback(shutil.rmtree, fake, True)
         port = rt.fake_gcs(stack, fake)
         # Interleaved: one pod of each arrangement in turn.
-        for i in range(a.pods):
-            for arr in arrs:
-                r = run_pod(arr, i, port, a.files, a.kib)
-                results.append(r)
-                ms = r.get("ms", {})
-                print(f"{r['pod']}: phases {r['phases']}, app exit {r['app_exit']}, sidecar exit "
-                      f"{r['sidecar_exit']} ({r['sidecar_reason']}), outcome {r.get('outcome')}, "
-                      f"{r['objects']} objects, "
-                      + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
-                      + (f"; ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
+        for scenario in scens:
+            for i in range(a.pods):
+                for arr in arrs:
+                    r = run_pod(arr, i, port, a, scenario)
+                    results.append(r)
+                    print(f"{r['pod']}: phases {r['phases']}, app exit {r['app_exit']}, sidecar exit "
+                          f"{r['sidecar_exit']} ({r['sidecar_reason']}), outcome {r.get('outcome')}, "
+                          f"{r['closed']} closed, {r['objects']} objects, "
+                          + ", ".join(f"{k} {v:.0f} ms" for k, v in r["ms"].items())
+                          + (f"; ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
     os.makedirs(os.path.join(WORK, "results"), exist_ok=True)
     with open(os.path.join(WORK, "results", "drainfs-pods.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print()
-    print("| arrangement | pods passed | workload exit -> Succeeded p50 / p95 (ms) | workload exit -> sidecar exited p50 / p95 (ms) | sidecar exit codes | objects intact |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    bad = 0
-    for arr in arrs:
-        rs = [r for r in results if r["arrangement"] == arr]
-        ok = [r for r in rs if not r["errors"]]
-        bad += len(rs) - len(ok)
-        col = []
-        for key in ("exit->Succeeded", "exit->sidecar exited"):
-            v = [r["ms"][key] for r in ok if key in r.get("ms", {})]
-            col.append(f"{pct(v, 50):.0f} / {pct(v, 95):.0f}" if v else "-")
-        codes = sorted({str(r["sidecar_exit"]) for r in rs})
-        print(f"| {arr} | {len(ok)} of {len(rs)} | {col[0]} | {col[1]} | {', '.join(codes)} | "
-              f"{sum(1 for r in rs if not any(e.startswith('bucket') for e in r['errors']))} of {len(rs)} |")
+    bad = sum(table(results, arrs, scenario) for scenario in scens)
     for r in results:
         if r["errors"]:
             print(f"FAILED {r['pod']}: {r['errors']}; termination message {r['termination_message']!r}")

@@ -5,17 +5,26 @@
 //	                              SLEEP_MS, writes DIR/job-$HOSTNAME.exit (UNIX ns), exits 0
 //	testbin sidecar DIR           a native sidecar: writes DIR/sidecar-$HOSTNAME.start, then on
 //	                              SIGTERM writes DIR/sidecar-$HOSTNAME.term (UNIX ns) and exits 0
-//	testbin write DIR DATA N KIB  a Job's workload on a bucket volume: writes DIR/job-$HOSTNAME.start,
-//	                              then N files DATA/part-I.bin of KIB KiB each (DATA made if
-//	                              missing; the content is Content(I, KIB), so whoever reads the
-//	                              bucket back can check it), each closed before the next, then
-//	                              DIR/job-$HOSTNAME.exit, and exits 0; a failed write or close
-//	                              exits 1
+//	testbin write [-pace-ms MS] [-ready FILE] [-exit-file FILE] DIR DATA N KIB
+//	                              a Job's workload on a bucket volume: waits for FILE to exist
+//	                              (-ready: drainfs's ready file, as the manifests' wrapper
+//	                              does), writes DIR/job-$HOSTNAME.start, then N files
+//	                              DATA/part-I.bin of KIB KiB each (DATA made if missing; the
+//	                              content is Content(I, KIB), so whoever reads the bucket back
+//	                              can check it), each closed before the next and written in 16
+//	                              pieces MS/16 ms apart (-pace-ms, default 0: the file is open
+//	                              that long), then DIR/job-$HOSTNAME.exit, creates the
+//	                              -exit-file (by rename, as the manifests' wrapper does), and
+//	                              exits 0. On SIGTERM or SIGINT it writes DIR/job-$HOSTNAME.term,
+//	                              finishes the file it is writing (a final checkpoint) and stops
+//	                              there. DIR/job-$HOSTNAME.closed holds the number of files
+//	                              closed. A failed write or close exits 1 (after the exit file).
 //
 // Each line it prints goes to the container's log with the same timestamps.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -50,24 +59,89 @@ func Content(i, kib int) []byte {
 	return b
 }
 
-func writeFiles(data string, n, kib int) error {
+// writeFiles writes files 0..n-1 (see the usage above) until n or a signal on stop; it
+// returns how many it closed.
+func writeFiles(data string, n, kib int, pace time.Duration, stop <-chan os.Signal) (int, error) {
 	if err := os.MkdirAll(data, 0o755); err != nil {
-		return err
+		return 0, err
 	}
 	for i := 0; i < n; i++ {
+		select {
+		case <-stop:
+			return i, nil
+		default:
+		}
 		f, err := os.Create(filepath.Join(data, fmt.Sprintf("part-%d.bin", i)))
 		if err != nil {
-			return err
+			return i, err
 		}
-		if _, err := f.Write(Content(i, kib)); err != nil {
-			f.Close()
-			return err
+		b := Content(i, kib)
+		piece := (len(b) + 15) / 16
+		for off := 0; off < len(b); off += piece {
+			if off > 0 {
+				time.Sleep(pace / 16)
+			}
+			if _, err := f.Write(b[off:min(off+piece, len(b))]); err != nil {
+				f.Close()
+				return i, err
+			}
 		}
 		if err := f.Close(); err != nil {
-			return err
+			return i, err
 		}
 	}
-	return nil
+	return n, nil
+}
+
+// writeMode is `testbin write`; it returns the process's exit code.
+func writeMode(args []string) int {
+	fs := flag.NewFlagSet("write", flag.ContinueOnError)
+	paceMs := fs.Int("pace-ms", 0, "ms each file is open for")
+	ready := fs.String("ready", "", "wait for this file before writing")
+	exitFile := fs.String("exit-file", "", "create this file when done")
+	if fs.Parse(args) != nil || fs.NArg() != 4 {
+		return 2
+	}
+	dir, data := fs.Arg(0), fs.Arg(1)
+	n, err1 := strconv.Atoi(fs.Arg(2))
+	kib, err2 := strconv.Atoi(fs.Arg(3))
+	if err1 != nil || err2 != nil {
+		return 2
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	stop := make(chan os.Signal, 1)
+	go func() {
+		s := <-sigs
+		stamp(dir, "job.term")
+		stop <- s
+	}()
+	for *ready != "" {
+		if _, err := os.Stat(*ready); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stamp(dir, "job.start")
+	closed, err := writeFiles(data, n, kib, time.Duration(*paceMs)*time.Millisecond, stop)
+	host, _ := os.Hostname()
+	_ = os.WriteFile(filepath.Join(dir, host+"-job.closed"), []byte(strconv.Itoa(closed)+"\n"), 0o644)
+	rc := 0
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testbin write:", err)
+		rc = 1
+	} else {
+		stamp(dir, "job.exit")
+	}
+	if *exitFile != "" {
+		tmp := filepath.Join(filepath.Dir(*exitFile), ".exit.tmp")
+		if os.WriteFile(tmp, nil, 0o644) != nil || os.Rename(tmp, *exitFile) != nil {
+			fmt.Fprintln(os.Stderr, "testbin write: cannot create the exit file")
+			rc = 1
+		}
+	}
+	fmt.Printf("closed %d of %d files\n", closed, n)
+	return rc
 }
 
 func waitSignal() os.Signal {
@@ -78,7 +152,7 @@ func waitSignal() os.Signal {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write DIR DATA N KIB")
+		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write [-pace-ms MS] [-ready FILE] [-exit-file FILE] DIR DATA N KIB")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -104,20 +178,7 @@ func main() {
 		stamp(os.Args[2], "sidecar.term")
 		fmt.Println("sidecar: got", s)
 	case "write":
-		if len(os.Args) != 6 {
-			os.Exit(2)
-		}
-		n, err1 := strconv.Atoi(os.Args[4])
-		kib, err2 := strconv.Atoi(os.Args[5])
-		if err1 != nil || err2 != nil {
-			os.Exit(2)
-		}
-		stamp(os.Args[2], "job.start")
-		if err := writeFiles(os.Args[3], n, kib); err != nil {
-			fmt.Fprintln(os.Stderr, "testbin write:", err)
-			os.Exit(1)
-		}
-		stamp(os.Args[2], "job.exit")
+		os.Exit(writeMode(os.Args[2:]))
 	default:
 		os.Exit(2)
 	}
