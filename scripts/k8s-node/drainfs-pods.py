@@ -396,13 +396,13 @@ class TermLog:
 
 
 def read_stamps(d):
-    """job-pods.py's stamps, job.term, and `closed`: the files the workload closed."""
-    s = jp.stamps(d)
+    """testbin's stamps in d (job.start, job.term, job.exit: UNIX ns), and `closed`: the number
+    of files the workload closed. testbin writes each by rename."""
+    s = {}
     for f in os.listdir(d):
-        if f.endswith("-job.term"):
-            s["job.term"] = int(open(os.path.join(d, f)).read())
-        if f.endswith("-job.closed"):
-            s["closed"] = int(open(os.path.join(d, f)).read())
+        for key in ("job.start", "job.term", "job.exit", "job.closed"):
+            if f.endswith("-" + key):
+                s[key.removeprefix("job.") if key == "job.closed" else key] = int(open(os.path.join(d, f)).read())
     return s
 
 
@@ -524,6 +524,9 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         # open at the stall cannot be, so drainfs must say so, before the grace period ends.
         if closed is not None and not intact:
             r["errors"].append(f"bucket: a file closed before the stall is missing or wrong ({closed} closed)")
+        if arr == "self-managed" and closed is not None and not any(
+                p.endswith(f"{name}/part-{closed}.bin") for p in summary.get("open_paths", [])):
+            r["errors"].append(f"drainfs's summary does not name the file open at the stall (part-{closed}.bin)")
         took = r["ms"].get("deleted->sidecar exited")
         if arr == "self-managed" and (r["sidecar_exit"] != 75 or r.get("outcome") != "incomplete"
                                       or took is None or took >= GRACE_STALLED * 1000):
@@ -596,7 +599,6 @@ def run_pod(arr, i, port, a, scenario):
                 r["ms"]["exit->exit file"] = (drv.exit_file_ns - ex) / 1e6
         r["closed"] = s.get("closed")
         check(r, arr, scenario, s, drv, port, name, a.files, a.kib)
-        r["termination_message"] = r["termination_message"][:400]
     return r
 
 
@@ -675,7 +677,7 @@ def main():
     bad = sum(table(results, arrs, scenario) for scenario in scens)
     for r in results:
         if r["errors"]:
-            print(f"FAILED {r['pod']}: {r['errors']}; termination message {r['termination_message']!r}")
+            print(f"FAILED {r['pod']}: {r['errors']}; termination message {r['termination_message'][:600]!r}")
     return 1 if bad else 0
 
 

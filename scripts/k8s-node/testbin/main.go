@@ -38,11 +38,20 @@ func stamp(dir, name string) {
 	host, _ := os.Hostname()
 	now := time.Now().UnixNano()
 	p := filepath.Join(dir, fmt.Sprintf("%s-%s", host, name))
-	if err := os.WriteFile(p, []byte(strconv.FormatInt(now, 10)+"\n"), 0o644); err != nil {
+	if err := writeAtomic(p, strconv.FormatInt(now, 10)+"\n"); err != nil {
 		fmt.Fprintln(os.Stderr, "testbin:", err)
 		os.Exit(2)
 	}
 	fmt.Printf("%s %d\n", p, now)
+}
+
+// writeAtomic writes path by rename, so that a reader polling for it never sees it empty.
+func writeAtomic(path, data string) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Content is file I's bytes: the line "part-I offset-O\n" for every 64-byte record O,
@@ -125,7 +134,7 @@ func writeMode(args []string) int {
 	stamp(dir, "job.start")
 	closed, err := writeFiles(data, n, kib, time.Duration(*paceMs)*time.Millisecond, stop)
 	host, _ := os.Hostname()
-	_ = os.WriteFile(filepath.Join(dir, host+"-job.closed"), []byte(strconv.Itoa(closed)+"\n"), 0o644)
+	_ = writeAtomic(filepath.Join(dir, host+"-job.closed"), strconv.Itoa(closed)+"\n")
 	rc := 0
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testbin write:", err)
