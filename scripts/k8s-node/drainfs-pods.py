@@ -298,10 +298,10 @@ def rfc3339_ns(ts):
 
 
 class TaskExits:
-    """containerd's task exit events (`ctr events`, topic /tasks/exit, the container's own task,
-    not a hook's exec): container ID -> (exit status, exited_at in UNIX ns). The kubelet removes a deleted pod's containers within
-    moments of their exit, often before crictl can be asked about them; the event stream
-    misses none."""
+    """containerd's task exit events (`ctr events`, topic /tasks/exit, the container's own
+    task, not a hook's exec): container ID -> (exit status, exited_at in UNIX ns). The kubelet
+    removes a deleted pod's containers within moments of their exit, often before crictl can
+    be asked about them; the event stream misses none."""
 
     def __init__(self, stack):
         self.exits = {}
