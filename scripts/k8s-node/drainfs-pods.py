@@ -11,8 +11,10 @@ native sidecar, over a fake-gcs-server on loopback, in three arrangements:
   relay         the same, with the project's relay image (drainfs as /gcsfuse);
   self-managed  docker/k8s/job-native-sidecar.yaml's pod template as written, in static-pod form:
                 only the image names, gcsfuse's bucket and fake-server flags, hostNetwork (no CNI
-                here) and the workload container's program are replaced, and its
-                serviceAccountName (Workload Identity; a static pod has no API server) dropped.
+                here) and the workload (testbin) are replaced, and its serviceAccountName
+                (Workload Identity; a static pod has no API server) dropped;
+  airflow       (scenario legacy only) docker/k8s/airflow-pod-template.yaml's pod, the same way:
+                the `base` container's /bin/sh wrapper runs as written, testbin is its workload.
 
 For stock and relay this script is the CSI node driver, as docker/image/run-test.py is in runc:
 before the pod exists it opens /dev/fuse, mounts the volume's target with fd=N (the workload
@@ -36,7 +38,8 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
             and relay GKE's non-native spec (the sidecar first in `containers`, NATIVE_SIDECAR
             unset) and this script as the node driver writing the exit file once every other
             container has terminated (putExitFile); for self-managed pod-legacy-sidecar.yaml's
-            pod, the workload waiting for drainfs's ready file and creating the exit file.
+            pod, whose /bin/sh wrapper (as written, in busybox's sh) waits for drainfs's ready
+            file, runs the workload and creates the exit file; and the airflow arrangement.
   delete    the Deployment case: the pod's manifest is removed while the workload writes its
             second file (each file is open --pace-ms ms); the kubelet stops the pod with its
             grace period, the workload finishes the file it is writing on SIGTERM and exits 0.
@@ -57,7 +60,7 @@ after a deletion, the kubelet's termination-message file, held open), and every 
 from the server byte for byte. In every scenario: a drainfs summary that says `clean` with a
 closed file missing, or an exit code that disagrees with the summary, fails the pod.
 
-Usage: drainfs-pods.py [--arrangements stock,relay,self-managed] [--scenarios job,legacy,delete,stalled]
+Usage: drainfs-pods.py [--arrangements stock,relay,self-managed,airflow] [--scenarios job,legacy,delete,stalled]
                        [--pods N] [--files N] [--kib K] [--pace-ms MS]
 Results: a line per pod, then a side-by-side table (p50/p95) per scenario;
 $K8S_NODE_WORK/results/drainfs-pods.json.
@@ -102,9 +105,13 @@ IMAGES = {
     "stock": "local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-stock",
     "relay": f"docker.io/library/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.{VERSION}",
     "self-managed": f"docker.io/library/drainfs:{VERSION}",
+    "airflow": f"docker.io/library/drainfs:{VERSION}",
 }
 TESTBIN = "local.drainfs/testbin:1"
-SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", "self-managed": "drainfs"}
+SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", "self-managed": "drainfs",
+                "airflow": "drainfs"}
+# The workload container's name: Airflow's KubernetesPodOperator calls it `base`.
+APP_NAME = {"airflow": "base"}
 POD_TIMEOUT = 180
 SCENARIOS = ("job", "legacy", "delete", "stalled")
 # The stalled scenario's terminationGracePeriodSeconds (and DRAINFS_GRACE_PERIOD).
@@ -238,41 +245,46 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags):
     return spec, drv
 
 
-def self_managed_pod(name, port, stamps, files, kib, scenario, flags):
-    """job-native-sidecar.yaml's pod template, or for `legacy` pod-legacy-sidecar.yaml's pod, as
-    written but for what the module docstring lists. In `legacy` the workload is testbin with
-    -ready and -exit-file in place of the manifest's /bin/sh wrapper (the test image has no
-    shell): it waits for drainfs's ready file and creates the exit file by rename, as the
-    wrapper does. In `stalled` the grace period and DRAINFS_GRACE_PERIOD are both
-    GRACE_STALLED."""
+def self_managed_pod(arr, name, port, stamps, files, kib, scenario, flags):
+    """A shipped manifest's pod as written but for what the module docstring lists:
+    job-native-sidecar.yaml's pod template; for `legacy`, pod-legacy-sidecar.yaml's pod; for the
+    `airflow` arrangement, airflow-pod-template.yaml's pod. The Job's workload container is
+    replaced by testbin; the other two keep their /bin/sh wrapper (waits for drainfs's ready
+    file, runs the workload, creates the exit file by rename) as `command`, with testbin as the
+    workload (`args`), in the testbin image (busybox's sh). In `stalled` the grace period and
+    DRAINFS_GRACE_PERIOD are both GRACE_STALLED."""
     import yaml
-    legacy = scenario == "legacy"
-    path = os.path.join(REPO, "docker", "k8s", "pod-legacy-sidecar.yaml" if legacy else "job-native-sidecar.yaml")
-    with open(path) as f:
-        doc = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == ("Pod" if legacy else "Job"))
-    spec = doc["spec"] if legacy else doc["spec"]["template"]["spec"]
+    file, kind = (("airflow-pod-template.yaml", "Pod") if arr == "airflow" else
+                  ("pod-legacy-sidecar.yaml", "Pod") if scenario == "legacy" else ("job-native-sidecar.yaml", "Job"))
+    with open(os.path.join(REPO, "docker", "k8s", file)) as f:
+        doc = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == kind)
+    spec = doc["spec"] if kind == "Pod" else doc["spec"]["template"]["spec"]
     spec.pop("serviceAccountName", None)
     spec["hostNetwork"] = True
+    app_name = APP_NAME.get(arr, "app")
     for c in spec.get("initContainers", []) + spec["containers"]:
-        if c["name"] != "app":
-            c["image"], c["imagePullPolicy"] = IMAGES["self-managed"], "Never"
+        if c["name"] != app_name:
+            c["image"], c["imagePullPolicy"] = IMAGES[arr], "Never"
     drainfs = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "drainfs")
     if scenario == "stalled":
         spec["terminationGracePeriodSeconds"] = GRACE_STALLED
         next(e for e in drainfs["env"] if e["name"] == "DRAINFS_GRACE_PERIOD")["value"] = str(GRACE_STALLED)
-    if legacy:
-        flags = [*flags, "-ready", "/drainfs-signal/ready", "-exit-file", "/drainfs-signal/exit"]
     args = drainfs["args"]
     fg = args.index("--foreground")
     args[fg + 1:fg + 1] = [f"--custom-endpoint=http://localhost:{port}/storage/v1/", "--anonymous-access",
                            "--enable-hns=false", "--enable-atomic-rename-object=false", "--disable-autoconfig"]
     args[args.index("example-bucket")] = BUCKET
     app, stamps_vol = workload(name, stamps, files, kib, flags)
-    at = next(i for i, c in enumerate(spec["containers"]) if c["name"] == "app")
+    at = next(i for i, c in enumerate(spec["containers"]) if c["name"] == app_name)
     manifest_app = spec["containers"][at]
-    app["volumeMounts"] += manifest_app["volumeMounts"]
-    app["securityContext"] = manifest_app["securityContext"]
-    spec["containers"][at] = app
+    if kind == "Pod":
+        manifest_app["image"], manifest_app["imagePullPolicy"] = TESTBIN, "Never"
+        manifest_app["args"] = ["/testbin", *app["args"]]
+        manifest_app["volumeMounts"] += app["volumeMounts"]
+    else:
+        app["volumeMounts"] += manifest_app["volumeMounts"]
+        app["securityContext"] = manifest_app["securityContext"]
+        spec["containers"][at] = app
     spec["volumes"].append(stamps_vol)
     return spec
 
@@ -406,7 +418,7 @@ def read_stamps(d):
     return s
 
 
-def observe_completion(r, full, arr, term):
+def observe_completion(r, full, arr):
     """Waits for the pod's phase (POD_TIMEOUT) and records it with the kubelet's record of the
     containers; returns the time the phase Succeeded was seen (UNIX ns) or None."""
     t_succeeded, phases, status = None, [], {}
@@ -430,7 +442,7 @@ def observe_completion(r, full, arr, term):
             break
         time.sleep(0.1)
     r["phases"] = phases
-    app = container_status(status, "app").get("state", {}).get("terminated", {})
+    app = container_status(status, APP_NAME.get(arr, "app")).get("state", {}).get("terminated", {})
     t = side.get("state", {}).get("terminated", {})
     r["app_exit"], r["sidecar_exit"], r["sidecar_reason"] = app.get("exitCode"), t.get("exitCode"), t.get("reason")
     r["termination_message"] = t.get("message") or ""
@@ -480,7 +492,7 @@ def observe_deletion(r, full, arr, stamps, manifest, server, pace_ms, grace, ter
         if len(exited(sb_id, seen, ids, events)) == len(ids):
             break
         time.sleep(0.1)
-    r["app_exit"], _, app_fin = seen.get("app", (None, None, None))
+    r["app_exit"], _, app_fin = seen.get(APP_NAME.get(arr, "app"), (None, None, None))
     r["sidecar_exit"], r["sidecar_reason"], side_fin = seen.get(SIDECAR_NAME[arr], (None, None, None))
     for what, fin in (("app", app_fin), ("sidecar", side_fin)):
         if fin is not None:
@@ -495,7 +507,7 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         r["errors"].append("the sidecar mounter never took the FUSE fd")
     msg = r["termination_message"]
     summary = {}
-    if arr in ("relay", "self-managed"):
+    if arr != "stock":
         with contextlib.suppress(ValueError):
             summary = json.loads(msg)
         r["outcome"] = summary.get("outcome")
@@ -512,7 +524,7 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
             r["errors"].append("no job.exit stamp")
         if arr != "stock" and (r["outcome"] != "clean" or summary.get("exit_code") != 0):
             r["errors"].append(f"termination message is not a clean drainfs summary: {msg[:200]!r}")
-        if arr == "self-managed" and r["sidecar_exit"] != 0:
+        if arr in ("self-managed", "airflow") and r["sidecar_exit"] != 0:
             r["errors"].append(f"drainfs's exit code {r['sidecar_exit']}")
         if not intact or set(got) - set(want):
             r["errors"].append(f"bucket: {len(got)} objects, {closed} closed by the workload; wrong or"
@@ -536,7 +548,7 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
     # exit code says the same as its summary.
     if r.get("outcome") == "clean" and not intact:
         r["errors"].append("drainfs reported clean, but a file the workload closed is missing or wrong")
-    if summary and arr == "self-managed" and (r["sidecar_exit"] == 0) != (r["outcome"] == "clean"):
+    if summary and arr in ("self-managed", "airflow") and (r["sidecar_exit"] == 0) != (r["outcome"] == "clean"):
         r["errors"].append(f"drainfs exited {r['sidecar_exit']} with outcome {r['outcome']}")
 
 
@@ -559,8 +571,8 @@ def run_pod(arr, i, port, a, scenario):
             server = rt.FAKE_SERVERS[port]
         flags = ["-pace-ms", str(a.pace_ms)] if scenario in ("delete", "stalled") else []
         drv = None
-        if arr == "self-managed":
-            spec = self_managed_pod(name, port, stamps, a.files, a.kib, scenario, flags)
+        if arr in ("self-managed", "airflow"):
+            spec = self_managed_pod(arr, name, port, stamps, a.files, a.kib, scenario, flags)
         else:
             spec, drv = gke_pod(arr, name, port, stack, base, stamps, a.files, a.kib, scenario, flags)
         pod = {"apiVersion": "v1", "kind": "Pod",
@@ -584,7 +596,7 @@ def run_pod(arr, i, port, a, scenario):
         if drv is not None and scenario == "legacy":
             drv.put_exit_file(full, stop)
         if scenario in ("job", "legacy"):
-            t_end = observe_completion(r, full, arr, term)
+            t_end = observe_completion(r, full, arr)
         else:
             t_end = observe_deletion(r, full, arr, stamps, manifest, server, a.pace_ms,
                                      spec["terminationGracePeriodSeconds"], term, events)
@@ -610,6 +622,7 @@ def pct(v, q):
 def table(results, arrs, scenario):
     """The side-by-side table of one scenario; returns how many pods failed."""
     rs_all = [r for r in results if r["scenario"] == scenario]
+    arrs = [x for x in arrs if any(r["arrangement"] == x for r in rs_all)]
     keys = list(dict.fromkeys(k for r in rs_all for k in r["ms"]))
     print(f"\n{scenario}:\n")
     print("| arrangement | pods passed | " + " | ".join(f"{k} p50 / p95 (ms)" for k in keys)
@@ -663,7 +676,8 @@ def main():
         # Interleaved: one pod of each arrangement in turn.
         for scenario in scens:
             for i in range(a.pods):
-                for arr in arrs:
+                # The Airflow template is a regular-sidecar pod: it runs in `legacy` only.
+                for arr in (x for x in arrs if x != "airflow" or scenario == "legacy"):
                     r = run_pod(arr, i, port, a, scenario)
                     results.append(r)
                     print(f"{r['pod']}: phases {r['phases']}, app exit {r['app_exit']}, sidecar exit "

@@ -5,20 +5,18 @@
 //	                              SLEEP_MS, writes DIR/job-$HOSTNAME.exit (UNIX ns), exits 0
 //	testbin sidecar DIR           a native sidecar: writes DIR/sidecar-$HOSTNAME.start, then on
 //	                              SIGTERM writes DIR/sidecar-$HOSTNAME.term (UNIX ns) and exits 0
-//	testbin write [-pace-ms MS] [-ready FILE] [-exit-file FILE] DIR DATA N KIB
-//	                              a Job's workload on a bucket volume: waits for FILE to exist
-//	                              (-ready: drainfs's ready file, as the manifests' wrapper
-//	                              does), writes DIR/job-$HOSTNAME.start, then N files
-//	                              DATA/part-I.bin of KIB KiB each (DATA made if missing; the
-//	                              content is Content(I, KIB), so whoever reads the bucket back
-//	                              can check it), each closed before the next and written in 16
-//	                              pieces MS/16 ms apart (-pace-ms, default 0: the file is open
-//	                              that long), then DIR/job-$HOSTNAME.exit, creates the
-//	                              -exit-file (by rename, as the manifests' wrapper does), and
-//	                              exits 0. On SIGTERM or SIGINT it writes DIR/job-$HOSTNAME.term,
-//	                              finishes the file it is writing (a final checkpoint) and stops
-//	                              there. DIR/job-$HOSTNAME.closed holds the number of files
-//	                              closed. A failed write or close exits 1 (after the exit file).
+//	testbin write [-pace-ms MS] DIR DATA N KIB
+//	                              a Job's workload on a bucket volume: writes
+//	                              DIR/job-$HOSTNAME.start, then N files DATA/part-I.bin of KIB
+//	                              KiB each (DATA made if missing; the content is Content(I,
+//	                              KIB), so whoever reads the bucket back can check it), each
+//	                              closed before the next and written in 16 pieces MS/16 ms
+//	                              apart (-pace-ms, default 0: the file is open that long), then
+//	                              DIR/job-$HOSTNAME.exit, and exits 0. On SIGTERM or SIGINT it
+//	                              writes DIR/job-$HOSTNAME.term, finishes the file it is writing
+//	                              (a final checkpoint) and stops there.
+//	                              DIR/job-$HOSTNAME.closed holds the number of files closed. A
+//	                              failed write or close exits 1.
 //
 // Each line it prints goes to the container's log with the same timestamps.
 package main
@@ -106,8 +104,6 @@ func writeFiles(data string, n, kib int, pace time.Duration, stop <-chan os.Sign
 func writeMode(args []string) int {
 	fs := flag.NewFlagSet("write", flag.ContinueOnError)
 	paceMs := fs.Int("pace-ms", 0, "ms each file is open for")
-	ready := fs.String("ready", "", "wait for this file before writing")
-	exitFile := fs.String("exit-file", "", "create this file when done")
 	if fs.Parse(args) != nil || fs.NArg() != 4 {
 		return 2
 	}
@@ -125,12 +121,6 @@ func writeMode(args []string) int {
 		stamp(dir, "job.term")
 		stop <- s
 	}()
-	for *ready != "" {
-		if _, err := os.Stat(*ready); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 	stamp(dir, "job.start")
 	closed, err := writeFiles(data, n, kib, time.Duration(*paceMs)*time.Millisecond, stop)
 	host, _ := os.Hostname()
@@ -141,13 +131,6 @@ func writeMode(args []string) int {
 		rc = 1
 	} else {
 		stamp(dir, "job.exit")
-	}
-	if *exitFile != "" {
-		tmp := filepath.Join(filepath.Dir(*exitFile), ".exit.tmp")
-		if os.WriteFile(tmp, nil, 0o644) != nil || os.Rename(tmp, *exitFile) != nil {
-			fmt.Fprintln(os.Stderr, "testbin write: cannot create the exit file")
-			rc = 1
-		}
 	}
 	fmt.Printf("closed %d of %d files\n", closed, n)
 	return rc
@@ -161,7 +144,7 @@ func waitSignal() os.Signal {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write [-pace-ms MS] [-ready FILE] [-exit-file FILE] DIR DATA N KIB")
+		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write [-pace-ms MS] DIR DATA N KIB")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
