@@ -4,9 +4,9 @@
 # sidecar), runs drainfs-pods.py for each arrangement (stock, relay, self-managed): PODS Job
 # pods (checked: phase Succeeded, exit codes and termination messages as the kubelet records
 # them, every object read back), then one pod of each other scenario (legacy: a regular
-# sidecar and the exit file; delete: the pod deleted while it writes; stalled: deleted with
-# the bucket stopped, drainfs's grace deadline), and stops the node (down.sh) on every exit
-# path, failing if anything of it is left. About 3 minutes.
+# sidecar and the exit file, with airflow-pod-template.yaml too; delete: the pod deleted while
+# it writes; stalled: deleted with the bucket stopped, drainfs's grace deadline), and stops the
+# node (down.sh) on every exit path, failing if anything of it is left. About 3 minutes.
 #
 # It needs the kubelet, containerd and crictl that install.sh builds and caches (about 20-40
 # minutes on 2 cores the first time, seconds afterwards). When they are not built, it builds
@@ -56,4 +56,5 @@ bash "$here/drainfs-images.sh" 2>&1 | grep -v DEPRECATION
 py="${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python"
 [[ -x "$py" ]] || py=python3
 "$py" "$here/drainfs-pods.py" --pods "$pods" --files 4 --kib 512
-"$py" "$here/drainfs-pods.py" --scenarios legacy,delete,stalled --pods 1 --files 4 --kib 512 --pace-ms 2000
+"$py" "$here/drainfs-pods.py" --arrangements stock,relay,self-managed,airflow \
+  --scenarios legacy,delete,stalled --pods 1 --files 4 --kib 512 --pace-ms 2000
