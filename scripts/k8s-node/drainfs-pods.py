@@ -33,7 +33,7 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
   job       the pod runs to completion. Measured from the kubelet's side: workload exit -> the
             kubelet's /pods shows phase Succeeded (polled every 50 ms: what a Job controller or
             Airflow's KubernetesPodOperator waits for), and workload exit -> the sidecar's
-            finishedAt (containerd's record).
+            exit (containerd's task exit event).
   legacy    the same with the sidecar as a regular container and the exit-file flow: for stock
             and relay GKE's non-native spec (the sidecar first in `containers`, NATIVE_SIDECAR
             unset) and this script as the node driver writing the exit file once every other
@@ -301,14 +301,6 @@ def container_status(status, name):
     return {}
 
 
-def rfc3339_ns(ts):
-    """An RFC 3339 time with up to 9 fractional digits (crictl's finishedAt) -> UNIX ns."""
-    import datetime
-    base, _, frac = ts.rstrip("Z").partition(".")
-    whole = datetime.datetime.fromisoformat(base).replace(tzinfo=datetime.timezone.utc)
-    return int(whole.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])
-
-
 class TaskExits:
     """containerd's task exit events (`ctr events`, topic /tasks/exit, the container's own
     task, not a hook's exec): container ID -> (exit status, exited_at in UNIX ns). The kubelet
@@ -349,21 +341,6 @@ def exited(sb_id, seen, ids, events):
             code, at = events.exits[cid]
             seen[name] = (code, "Completed" if code == 0 else "Error", at)
     return seen
-
-
-def crictl_state(full, container):
-    """The container's exit code, reason and finishedAt (UNIX ns, containerd's record; the pod
-    status the kubelet reports has seconds) from crictl, or Nones while it runs or is gone."""
-    sb = jp.sandbox(full)
-    if not sb:
-        return None, None, None
-    for c in json.loads(jp.crictl("ps", "-a", "-o", "json", "--pod", sb["id"]))["containers"]:
-        if c["metadata"]["name"] == container:
-            st = json.loads(jp.crictl("inspect", c["id"]))["status"]
-            ts = st.get("finishedAt")
-            if ts and not ts.startswith("0001"):
-                return st.get("exitCode"), st.get("reason"), rfc3339_ns(ts)
-    return None, None, None
 
 
 class TermLog:
@@ -477,10 +454,10 @@ def observe_deletion(r, full, arr, stamps, manifest, server, pace_ms, grace, ter
         if server is not None and time.time() > resume and "server resumed" not in r["phases"]:
             os.kill(server.pid, signal.SIGCONT)
             r["phases"].append("server resumed")
-            r.setdefault("ms", {})["deleted->server resumed"] = (time.time_ns() - t_del) / 1e6
+            r["ms"]["deleted->server resumed"] = (time.time_ns() - t_del) / 1e6
         sb = jp.sandbox(full)
         if sb is None or sb["state"] == "SANDBOX_NOTREADY":
-            r.setdefault("ms", {})["deleted->pod stopped"] = (time.time_ns() - t_del) / 1e6
+            r["ms"]["deleted->pod stopped"] = (time.time_ns() - t_del) / 1e6
             r["phases"].append("stopped")
             break
         time.sleep(jp.POLL)
@@ -590,8 +567,8 @@ def run_pod(arr, i, port, a, scenario):
         stack.callback(remove_pod)
         stop = threading.Event()
         stack.callback(stop.set)
-        term = TermLog(stack, full, SIDECAR_NAME[arr])
-        events = TaskExits(stack) if scenario in ("delete", "stalled") else None
+        events = TaskExits(stack)
+        term = TermLog(stack, full, SIDECAR_NAME[arr]) if scenario in ("delete", "stalled") else None
         os.rename(tmp, manifest)
         if drv is not None and scenario == "legacy":
             drv.put_exit_file(full, stop)
@@ -604,7 +581,8 @@ def run_pod(arr, i, port, a, scenario):
         if scenario in ("job", "legacy") and t_end is not None and "job.exit" in s:
             ex = s["job.exit"]
             r["ms"]["exit->Succeeded"] = (t_end - ex) / 1e6
-            fin = crictl_state(full, SIDECAR_NAME[arr])[2]
+            sb = jp.sandbox(full)
+            fin = exited(sb["id"], {}, {}, events).get(SIDECAR_NAME[arr], (None,) * 3)[2] if sb else None
             if fin is not None:
                 r["ms"]["exit->sidecar exited"] = (fin - ex) / 1e6
             if drv is not None and drv.exit_file_ns:
