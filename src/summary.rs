@@ -95,10 +95,16 @@ pub enum LowerUnmount {
 /// The shutdown summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// The process's exit status (0, 1, 69, 75).
+    /// The process's exit status (0, 1, 69, 75); 75 in a provisional summary
+    /// ([`Summary::provisional`]), which is what a stop that never finished amounts to.
     pub exit_code: i32,
-    /// [`crate::drain::ExitCode::outcome`]: `clean`, `failed`, `lower_failed`, `incomplete`.
+    /// [`crate::drain::ExitCode::outcome`]: `clean`, `failed`, `lower_failed`, `incomplete`;
+    /// or [`STOPPING`] in a provisional summary.
     pub outcome: &'static str,
+    /// The process id of the drainfs that wrote it (in its own PID namespace): several relays
+    /// of one pod share one termination log, and each replaces only its own provisional
+    /// summary with a clean one ([`write_termination_log`]).
+    pub pid: u32,
     /// The first trigger.
     pub cause: Option<Cause>,
     /// Why the exit was forced, if it was (`deadline`, `second_signal`, `lower_died`,
@@ -209,6 +215,7 @@ impl Summary {
         Summary {
             exit_code: code.code(),
             outcome: code.outcome(),
+            pid: std::process::id(),
             cause: machine.first_trigger().map(|(_, c)| c.clone()),
             forced: machine.forced(),
             lower_died: machine.lower_died().map(str::to_string),
@@ -225,6 +232,46 @@ impl Summary {
             relay,
             unanswered_pids: record.unanswered_pids.clone(),
         }
+    }
+}
+
+/// The `outcome` of a provisional summary: drainfs was stopping when it wrote it.
+pub const STOPPING: &str = "stopping";
+
+impl Summary {
+    /// A provisional summary, written to the termination log while drainfs stops (from the
+    /// first trigger until the final summary replaces it), so that a drainfs killed before
+    /// it finished its stop (the kubelet's SIGKILL at the end of the grace period, which for
+    /// a native sidecar can come 2 s after its SIGTERM) still leaves what it knew: the
+    /// trigger, what was outstanding, and the files open (`open_paths`) and opening
+    /// (`in_flight_opens`) when it was written. `exit_code` 75 and outcome [`STOPPING`]: a
+    /// stop that never finished confirmed nothing. `outstanding_at_force` holds the counts
+    /// when it was written.
+    pub fn provisional(
+        machine: &Machine,
+        record: &Record,
+        outstanding: Outstanding,
+        counts: Counts,
+        data_path: &'static str,
+        relay: Option<RelayStatus>,
+    ) -> Summary {
+        let mut s = Summary::new(
+            ExitCode::Incomplete,
+            machine,
+            record,
+            counts,
+            data_path,
+            relay,
+        );
+        s.outcome = STOPPING;
+        s.outstanding_at_force = Some(outstanding);
+        s.notes.push(
+            "provisional: drainfs was still stopping when it wrote this; if it stayed, drainfs \
+             was killed before it finished (the container's exit code says how): treat the \
+             stop as incomplete, the files named here may be missing from the bucket"
+                .to_string(),
+        );
+        s
     }
 }
 
@@ -372,11 +419,28 @@ pub fn not_clean_message(s: &Summary) -> String {
     parts.join("; ")
 }
 
+/// Whether `s` may replace `old`, the termination log's content. Several drop-in relays of
+/// one pod (one per gcsfuse volume) share the container's `/dev/termination-log`, so a
+/// summary that is not clean (`exit_code` non-zero, provisional ones included) stays until
+/// its own writer (same `pid`) replaces it, or another one that is not clean and not
+/// provisional does: a clean stop never hides another volume's incomplete or unfinished one,
+/// and a provisional summary never hides another volume's final one. Anything that is not a
+/// drainfs summary is replaced.
+fn replaces(old: &str, s: &Summary) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(old) else {
+        return true;
+    };
+    let Some(old_code) = v.get("exit_code").and_then(serde_json::Value::as_i64) else {
+        return true;
+    };
+    let own = v.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(s.pid));
+    old_code == 0 || own || (s.exit_code != 0 && s.outcome != STOPPING)
+}
+
 /// Writes the termination-log form of `s` ([`for_termination_log`]) to `path` in place (not
-/// a rename: Kubernetes bind-mounts this one file), under an exclusive `flock`, unless the
-/// file already holds a drainfs summary with a non-zero `exit_code` and `s` is clean. Several
-/// drop-in relays of one pod (one per gcsfuse volume) share the container's
-/// `/dev/termination-log`: a clean stop never hides another volume's incomplete one.
+/// a rename: Kubernetes bind-mounts this one file), under an exclusive `flock`, unless what
+/// the file holds must stay (`replaces`: nothing clean or provisional replaces another
+/// writer's summary that is not clean).
 ///
 /// # Errors
 /// The I/O error of any step.
@@ -393,11 +457,7 @@ pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
     let mut old = String::new();
     // A file that cannot be read (a pipe, unreadable) is simply overwritten.
     let _ = f.read_to_string(&mut old);
-    let old_failed = serde_json::from_str::<serde_json::Value>(&old)
-        .ok()
-        .and_then(|v| v.get("exit_code").and_then(serde_json::Value::as_i64))
-        .is_some_and(|c| c != 0);
-    if old_failed && s.exit_code == 0 {
+    if !replaces(&old, s) {
         drop(locked);
         return Ok(());
     }
@@ -432,6 +492,7 @@ mod tests {
             } else {
                 "incomplete"
             },
+            pid: 1000,
             cause: Some(Cause::Sigterm),
             forced: None,
             lower_died: None,
@@ -457,11 +518,17 @@ mod tests {
         let read = || -> serde_json::Value {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
         };
-        write_termination_log(&p, &summary(0, &[])).unwrap();
+        // Two writers (two relays of one pod): 1000 and 2000.
+        let clean = || {
+            let mut s = summary(0, &[]);
+            s.pid = 2000;
+            s
+        };
+        write_termination_log(&p, &clean()).unwrap();
         assert_eq!(read()["exit_code"], 0);
         write_termination_log(&p, &summary(75, &["/a.parquet"])).unwrap();
         assert_eq!(read()["exit_code"], 75);
-        write_termination_log(&p, &summary(0, &[])).unwrap();
+        write_termination_log(&p, &clean()).unwrap();
         assert_eq!(
             read()["exit_code"],
             75,
@@ -473,8 +540,102 @@ mod tests {
         assert_eq!(read()["exit_code"], 69);
         // Anything that is not a drainfs summary is overwritten.
         std::fs::write(&p, "not json at all, and long enough to leave a tail").unwrap();
-        write_termination_log(&p, &summary(0, &[])).unwrap();
+        write_termination_log(&p, &clean()).unwrap();
         assert_eq!(read()["exit_code"], 0);
+    }
+
+    /// A provisional summary (outcome `stopping`) is replaced by its own writer's final one,
+    /// clean or not; another writer's clean or provisional summary never replaces it, and it
+    /// never replaces another writer's final one that is not clean.
+    #[test]
+    fn a_provisional_summary_gives_way_only_to_its_writer_or_a_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("termination-log");
+        let read = || -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        };
+        let of = |pid: u32, code: i32, stopping: bool, open: &[&str]| {
+            let mut s = summary(code, open);
+            s.pid = pid;
+            if stopping {
+                s.outcome = STOPPING;
+            }
+            s
+        };
+        // One writer: provisional, a later provisional, then its clean final.
+        write_termination_log(&p, &of(7, 75, true, &["/a"])).unwrap();
+        assert_eq!(
+            (read()["outcome"].clone(), read()["pid"].clone()),
+            ("stopping".into(), 7.into())
+        );
+        write_termination_log(&p, &of(7, 75, true, &["/b"])).unwrap();
+        assert_eq!(read()["open_paths"][0], "/b");
+        write_termination_log(&p, &of(7, 0, false, &[])).unwrap();
+        assert_eq!(
+            read()["outcome"],
+            "clean",
+            "its own clean final replaces it"
+        );
+        // Two writers: 8's provisional stays under 9's clean final and 9's provisional.
+        write_termination_log(&p, &of(8, 75, true, &["/c"])).unwrap();
+        write_termination_log(&p, &of(9, 0, false, &[])).unwrap();
+        assert_eq!(
+            (read()["outcome"].clone(), read()["pid"].clone()),
+            ("stopping".into(), 8.into())
+        );
+        write_termination_log(&p, &of(9, 75, true, &["/d"])).unwrap();
+        assert_eq!(
+            read()["open_paths"][0],
+            "/c",
+            "another's provisional replaced it"
+        );
+        // 9's final incomplete replaces it (a stop that is not clean either way).
+        write_termination_log(&p, &of(9, 75, false, &["/d"])).unwrap();
+        assert_eq!(
+            (read()["outcome"].clone(), read()["pid"].clone()),
+            ("incomplete".into(), 9.into())
+        );
+        // Then 8's provisional may not hide 9's final incomplete; 8's clean final neither.
+        write_termination_log(&p, &of(8, 75, true, &["/c"])).unwrap();
+        write_termination_log(&p, &of(8, 0, false, &[])).unwrap();
+        assert_eq!(
+            (read()["outcome"].clone(), read()["pid"].clone()),
+            ("incomplete".into(), 9.into())
+        );
+        // A summary without a pid (an older drainfs) that is not clean stays under a clean one.
+        std::fs::write(&p, r#"{"exit_code":75,"outcome":"incomplete"}"#).unwrap();
+        write_termination_log(&p, &of(8, 0, false, &[])).unwrap();
+        assert_eq!(read()["exit_code"], 75);
+    }
+
+    #[test]
+    fn a_provisional_summary_says_stopping_and_counts_what_is_outstanding() {
+        let mut m = Machine::new(crate::drain::Config {
+            grace_period: std::time::Duration::from_secs(30),
+            grace_margin: std::time::Duration::from_secs(2),
+            quiet_period: std::time::Duration::from_millis(500),
+            native_sidecar: true,
+        });
+        m.trigger(Cause::Sigterm, std::time::Instant::now());
+        let r = Record {
+            open_paths: vec!["/out/part-0.parquet".into()],
+            ..Record::default()
+        };
+        let out = Outstanding {
+            open_write: 1,
+            ..Outstanding::default()
+        };
+        let s = Summary::provisional(&m, &r, out, Counts::default(), "relay", None);
+        assert_eq!((s.exit_code, s.outcome), (75, STOPPING));
+        assert_eq!(s.pid, std::process::id());
+        assert_eq!(s.outstanding_at_force.map(|o| o.open_write), Some(1));
+        assert_eq!(s.open_paths, ["/out/part-0.parquet"]);
+        assert!(
+            s.notes.last().unwrap().starts_with("provisional"),
+            "{:?}",
+            s.notes
+        );
+        assert!(matches!(s.cause, Some(Cause::Sigterm)));
     }
 
     #[test]
@@ -548,6 +709,7 @@ mod tests {
         let s = Summary {
             exit_code: 75,
             outcome: "incomplete",
+            pid: 1,
             cause: Some(Cause::Sigterm),
             forced: Some(Forced::Deadline),
             lower_died: None,

@@ -532,6 +532,143 @@ fn drain_waits_for_a_slow_flush() {
     s.assert_nothing_left();
 }
 
+/// A scratch file the sidecar's uid may write, for `--termination-log` (the relay writes it in
+/// place, as Kubernetes' bind-mounted `/dev/termination-log`); the directory is returned too.
+fn termination_log() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = fuse_tests::harness::scratch_dir("/tmp", "drainfs-tlog-");
+    fuse_tests::relay::sidecar_dir(dir.path());
+    let p = dir.path().join("termination-log");
+    (dir, p)
+}
+
+/// The termination log's JSON (`Null` while it is missing or not JSON yet).
+fn read_json(p: &Path) -> serde_json::Value {
+    fs::read_to_string(p)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Writes 1 MiB to `rel` and closes it on a thread of its own (the close waits for the
+/// daemon's upload); waits until the FLUSH reached the daemon. The thread returns the close's
+/// result.
+fn close_while_uploading(s: &Sidecar, rel: &str) -> std::thread::JoinHandle<Result<(), String>> {
+    let mut f = File::create(s.path(rel)).unwrap();
+    f.write_all(&pattern(1 << 20, 5)).unwrap();
+    let closer = std::thread::spawn(move || close(f).map_err(|e| errno_name(&e)));
+    wait_for_event(&s.events, Duration::from_secs(5), |e| {
+        e.is("upload_start", rel)
+    })
+    .expect("the FLUSH reached the daemon");
+    closer
+}
+
+/// While the relay drains, its termination log holds a provisional summary (`stopping`,
+/// exit_code 75, the file whose close is uploading named); the relay's final summary replaces
+/// it when the drain ends.
+#[test]
+fn a_relay_keeps_a_provisional_summary_while_it_drains_and_replaces_it_at_its_exit() {
+    let (_d, tlog) = termination_log();
+    // The upload takes 4 s, inside the relay's deadline (30 s): the drain ends by itself.
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec!["--upload-delay".into(), "4s".into()]),
+        Via::Relay(vec![
+            "--grace-period".into(),
+            "30s".into(),
+            "--termination-log".into(),
+            tlog.display().to_string(),
+        ]),
+    );
+    let closer = close_while_uploading(&s, "slow.bin");
+    let relay_pid = s.sidecar_pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(relay_pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let provisional = fuse_tests::wait::wait_for(Duration::from_millis(3500), || {
+        let v = read_json(&tlog);
+        (v["outcome"] == "stopping").then_some(v)
+    })
+    .unwrap_or_else(|| panic!("no provisional summary: {:#}", read_json(&tlog)));
+    assert_eq!(provisional["exit_code"], 75, "{provisional:#}");
+    assert_eq!(provisional["pid"], relay_pid, "{provisional:#}");
+    let open = provisional["open_paths"].as_array().unwrap();
+    assert!(
+        open.iter()
+            .any(|p| p.as_str().unwrap().ends_with("slow.bin")),
+        "{provisional:#}"
+    );
+    let e = s.wait(Duration::from_secs(15));
+    assert_eq!(closer.join().unwrap(), Ok(()), "close() during the drain");
+    assert_eq!(e.code, Some(0), "{e}");
+    let last = read_json(&tlog);
+    assert_eq!(
+        (last["outcome"].as_str(), last["exit_code"].as_i64()),
+        (Some("clean"), Some(0)),
+        "{last:#}"
+    );
+    assert_eq!(
+        fs::read(s.store.join("slow.bin")).unwrap(),
+        pattern(1 << 20, 5)
+    );
+    s.assert_nothing_left();
+}
+
+/// A relay SIGKILLed in the middle of its drain (here the driver's SIGKILL 5 s after its
+/// SIGTERM, before the relay's own 60 s deadline; under the kubelet, the 2 s a native sidecar
+/// gets when the workload used up the grace period) leaves its provisional summary: the
+/// termination message says the stop did not finish and names the file still uploading.
+#[test]
+fn a_relay_killed_while_draining_leaves_a_provisional_summary_naming_the_file() {
+    let (_d, tlog) = termination_log();
+    let mut s = Sidecar::start(
+        Daemon::Bucketfs(vec!["--upload-delay".into(), "60s".into()]),
+        Via::Relay(vec![
+            "--grace-period".into(),
+            "60s".into(),
+            "--termination-log".into(),
+            tlog.display().to_string(),
+        ]),
+    );
+    let closer = close_while_uploading(&s, "stuck.bin");
+    let relay_pid = s.sidecar_pid();
+    let e = s.stop(Duration::from_secs(20));
+    assert!(
+        e.sigkill_sent && e.signal.as_deref() == Some("SIGKILL"),
+        "{e}"
+    );
+    let closed = closer.join().unwrap();
+    assert!(closed.is_err(), "the close of an upload cut off succeeded");
+    let v = read_json(&tlog);
+    assert_eq!(
+        (
+            v["outcome"].as_str(),
+            v["exit_code"].as_i64(),
+            v["pid"].as_i64()
+        ),
+        (Some("stopping"), Some(75), Some(i64::from(relay_pid))),
+        "{v:#}"
+    );
+    assert!(
+        v["open_paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().ends_with("stuck.bin")),
+        "{v:#}"
+    );
+    assert!(
+        v["outstanding_at_force"]["open_write"].as_i64() >= Some(1),
+        "{v:#}"
+    );
+    assert!(
+        !s.summary.exists(),
+        "a killed relay wrote its final summary"
+    );
+    s.assert_nothing_left();
+}
+
 #[test]
 fn overlay_stop_is_fast_and_keeps_data() {
     let mut s = Sidecar::start(Daemon::Overlay, relay());

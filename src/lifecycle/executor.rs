@@ -42,6 +42,9 @@ pub(super) struct Executor {
     pub(super) machine: Machine,
     /// What happened, for the exit code and the summary.
     pub(super) record: Record,
+    /// The last provisional summary written to the termination log: when, and the state it
+    /// showed ([`super::serve`]).
+    pub(super) provisional: Option<(Instant, String)>,
 }
 
 impl Executor {
@@ -67,6 +70,7 @@ impl Executor {
             acct,
             machine,
             record: Record::default(),
+            provisional: None,
         }
     }
 

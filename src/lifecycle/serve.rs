@@ -6,20 +6,29 @@
 //! teardown (record the milestones and, when forced, what was still open); otherwise it waits
 //! for an event, the lower's process exiting, the data path's report, a count change or the
 //! machine's wake-up time. The teardown itself is the data path's ([`DataPath::teardown`]).
+//!
+//! From the first trigger until the teardown begins, the loop keeps a provisional summary in
+//! the termination log ([`crate::summary::Summary::provisional`]): written at once, then again
+//! whenever what is outstanding, the phase or the force changed, at most every 250 ms, and
+//! once more when the teardown begins. The final summary replaces it at the exit; a drainfs
+//! killed before that leaves the last one.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Event;
 use super::data_path::{DataPath, PathEvent};
 use super::executor::Executor;
-use crate::accounting::Accounting;
+use crate::accounting::{Accounting, Outstanding};
 use crate::drain::{Cause, DoorReason, Ending, ExitCode, Forced, Observation, Phase, Step};
-use crate::procs;
+use crate::{procs, summary};
 
 /// How many open files and admitted opens a forced teardown names in the summary.
 const OPEN_PATHS_CAP: usize = 100;
+
+/// The shortest time between two provisional summaries.
+const PROVISIONAL_EVERY: Duration = Duration::from_millis(250);
 
 impl Executor {
     /// The whole run of data path `P`: start it, serve until the machine says drained or
@@ -42,7 +51,8 @@ impl Executor {
             let changed = acct.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let step = self.machine.step(Instant::now(), &observe(&acct));
+            let obs = observe(&acct);
+            let step = self.machine.step(Instant::now(), &obs);
             let why = match (self.machine.phase(), self.machine.door_reason()) {
                 (Phase::DoorClosed, Some(r)) => r.name(),
                 _ => self.machine.first_trigger().map_or("", |(_, c)| c.label()),
@@ -54,16 +64,83 @@ impl Executor {
                 }
                 Step::Teardown(ending) => {
                     self.begin_teardown(ending, dp);
+                    self.write_provisional(dp, obs.outstanding);
                     return ending;
                 }
                 Step::Wait { until } => until,
                 Step::AbortStart => None,
             };
+            let until = self.provisional_due(dp, obs.outstanding, until);
             if self.machine.phase() == Phase::Draining {
                 self.remove_ready_file();
             }
             self.sync_phase(why);
             self.wait_for_change(dp, changed, until).await;
+        }
+    }
+
+    /// While stopping (triggered, serving not yet ended), with a termination log: writes a
+    /// provisional summary if what it would show (`out`, the phase, the force) changed since
+    /// the last one and [`PROVISIONAL_EVERY`] has passed. Returns when the loop must wake up
+    /// next: `until`, or sooner when a change waits for its turn.
+    fn provisional_due<P: DataPath>(
+        &mut self,
+        dp: &P,
+        out: Outstanding,
+        until: Option<Instant>,
+    ) -> Option<Instant> {
+        if !self.machine.triggered() || self.cfg.lifecycle.termination_log.is_none() {
+            return until;
+        }
+        let key = format!(
+            "{out:?} {:?} {:?}",
+            self.machine.phase(),
+            self.machine.forced()
+        );
+        match &self.provisional {
+            Some((_, last)) if *last == key => until,
+            Some((at, _)) if at.elapsed() < PROVISIONAL_EVERY => {
+                let next = *at + PROVISIONAL_EVERY;
+                Some(until.map_or(next, |u| u.min(next)))
+            }
+            _ => {
+                self.write_provisional(dp, out);
+                until
+            }
+        }
+    }
+
+    /// Writes a provisional summary to the termination log (if there is one): the record so
+    /// far, `out` as what is outstanding, and (unless a forced teardown already named them)
+    /// the files open and opening now.
+    fn write_provisional<P: DataPath>(&mut self, dp: &P, out: Outstanding) {
+        let Some(path) = self.cfg.lifecycle.termination_log.clone() else {
+            return;
+        };
+        let key = format!(
+            "{out:?} {:?} {:?}",
+            self.machine.phase(),
+            self.machine.forced()
+        );
+        self.provisional = Some((Instant::now(), key));
+        let mut record = self.record.clone();
+        let (closed_at, drained_at) = self.machine.milestones();
+        record.timings.door_closed_ms = self.ms_since(closed_at);
+        record.timings.drained_ms = self.ms_since(drained_at);
+        if self.machine.forced().is_none() {
+            record.open_paths = dp.open_paths(OPEN_PATHS_CAP);
+            record.in_flight_opens = dp.admitted_paths(OPEN_PATHS_CAP);
+        }
+        let s = summary::Summary::provisional(
+            &self.machine,
+            &record,
+            out,
+            summary::Counts::from(self.acct.as_ref()),
+            self.shared.data_path(),
+            self.shared.relay_status(),
+        );
+        if let Err(e) = summary::write_termination_log(&path, &s) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the provisional summary");
         }
     }
 
