@@ -52,7 +52,9 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
             and termination message. Checked: the files closed before the stall are in the
             bucket, and the self-managed drainfs exits 75 with outcome `incomplete` before the
             grace period ends (the relay cannot promise that: a native sidecar gets its SIGTERM
-            only once the workload has exited or been killed).
+            only once the workload has exited or been killed, and 2 s after it the kubelet's
+            SIGKILL); the relay's termination message is its provisional summary (outcome
+            `stopping`), or its final one, and names the file open at the stall either way.
 
 Checked per pod (job, legacy, delete): the workload's exit 0, the sidecar's exit code and
 termination message as the kubelet records them (drainfs: a JSON summary with outcome clean;
@@ -385,13 +387,15 @@ class TermLog:
 
 
 def read_stamps(d):
-    """testbin's stamps in d (job.start, job.term, job.exit: UNIX ns), and `closed`: the number
-    of files the workload closed. testbin writes each by rename."""
+    """testbin's stamps in d (job.start, job.term, job.exit: UNIX ns), `closed`: the number
+    of files the workload closed (written as it exits), and `opening`: the number of the last
+    file it began (written before each). testbin writes each by rename."""
     s = {}
     for f in os.listdir(d):
-        for key in ("job.start", "job.term", "job.exit", "job.closed"):
+        for key in ("job.start", "job.term", "job.exit", "job.closed", "job.opening"):
             if f.endswith("-" + key):
-                s[key.removeprefix("job.") if key == "job.closed" else key] = int(open(os.path.join(d, f)).read())
+                name = key.removeprefix("job.") if key in ("job.closed", "job.opening") else key
+                s[name] = int(open(os.path.join(d, f)).read())
     return s
 
 
@@ -489,6 +493,10 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
             summary = json.loads(msg)
         r["outcome"] = summary.get("outcome")
     closed = s.get("closed", files if "job.exit" in s else None)
+    if closed is None and scenario == "stalled":
+        # SIGKILLed in a close() (stock, relay): every file before the last it began was closed.
+        closed = s.get("opening")
+    r["closed"] = closed
     got = {k: v for k, v in rt.objects(port).items() if k.startswith(name + "/")}
     got.pop(name + "/", None)  # the directory's own object, if gcsfuse made one
     want = {f"{name}/part-{j}.bin": content(j, kib) for j in range(closed or 0)}
@@ -516,6 +524,13 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         if arr == "self-managed" and closed is not None and not any(
                 p.endswith(f"{name}/part-{closed}.bin") for p in summary.get("open_paths", [])):
             r["errors"].append(f"drainfs's summary does not name the file open at the stall (part-{closed}.bin)")
+        # The file open at the stall: the one after those closed.
+        stuck = closed
+        if arr == "relay" and (stuck is None or summary.get("outcome") not in ("stopping", "incomplete")
+                               or not any(p.endswith(f"{name}/part-{stuck}.bin")
+                                          for p in summary.get("open_paths", []))):
+            r["errors"].append(f"the relay's termination message does not say its stop was unfinished"
+                               f" and name the file open at the stall (part-{stuck}.bin): {msg[:300]!r}")
         took = r["ms"].get("deleted->sidecar exited")
         if arr == "self-managed" and (r["sidecar_exit"] != 75 or r.get("outcome") != "incomplete"
                                       or took is None or took >= GRACE_STALLED * 1000):

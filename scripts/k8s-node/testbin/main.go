@@ -15,7 +15,9 @@
 //	                              DIR/job-$HOSTNAME.exit, and exits 0. On SIGTERM or SIGINT it
 //	                              writes DIR/job-$HOSTNAME.term, finishes the file it is writing
 //	                              (a final checkpoint) and stops there.
-//	                              DIR/job-$HOSTNAME.closed holds the number of files closed. A
+//	                              DIR/job-$HOSTNAME.closed holds the number of files closed
+//	                              (written at the end), DIR/job-$HOSTNAME.opening the number of
+//	                              the file it is about to create (written before each). A
 //	                              failed write or close exits 1.
 //
 // Each line it prints goes to the container's log with the same timestamps.
@@ -68,15 +70,19 @@ func Content(i, kib int) []byte {
 
 // writeFiles writes files 0..n-1 (see the usage above) until n or a signal on stop; it
 // returns how many it closed.
-func writeFiles(data string, n, kib int, pace time.Duration, stop <-chan os.Signal) (int, error) {
+func writeFiles(dir, data string, n, kib int, pace time.Duration, stop <-chan os.Signal) (int, error) {
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		return 0, err
 	}
+	host, _ := os.Hostname()
 	for i := 0; i < n; i++ {
 		select {
 		case <-stop:
 			return i, nil
 		default:
+		}
+		if err := writeAtomic(filepath.Join(dir, host+"-job.opening"), strconv.Itoa(i)+"\n"); err != nil {
+			return i, err
 		}
 		f, err := os.Create(filepath.Join(data, fmt.Sprintf("part-%d.bin", i)))
 		if err != nil {
@@ -122,7 +128,7 @@ func writeMode(args []string) int {
 		stop <- s
 	}()
 	stamp(dir, "job.start")
-	closed, err := writeFiles(data, n, kib, time.Duration(*paceMs)*time.Millisecond, stop)
+	closed, err := writeFiles(dir, data, n, kib, time.Duration(*paceMs)*time.Millisecond, stop)
 	host, _ := os.Hostname()
 	_ = writeAtomic(filepath.Join(dir, host+"-job.closed"), strconv.Itoa(closed)+"\n")
 	rc := 0
