@@ -445,6 +445,16 @@ fn replaces(old: &str, s: &Summary) -> bool {
 /// # Errors
 /// The I/O error of any step.
 pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
+    write_termination_log_unless(path, s, || false)
+}
+
+/// [`write_termination_log`], unless `stop()` is true once the file's lock is held (the
+/// [`ProvisionalLog`]'s writer: a final summary written meanwhile must not be overwritten).
+fn write_termination_log_unless(
+    path: &Path,
+    s: &Summary,
+    stop: impl Fn() -> bool,
+) -> std::io::Result<()> {
     use std::io::{Read, Seek};
     let mut f = std::fs::OpenOptions::new()
         .read(true)
@@ -454,6 +464,10 @@ pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
         .open(path)?;
     let locked = nix::fcntl::Flock::lock(f.try_clone()?, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| std::io::Error::from(e))?;
+    if stop() {
+        drop(locked);
+        return Ok(());
+    }
     let mut old = String::new();
     // A file that cannot be read (a pipe, unreadable) is simply overwritten.
     let _ = f.read_to_string(&mut old);
@@ -466,6 +480,78 @@ pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
     f.write_all(for_termination_log(s).as_bytes())?;
     drop(locked);
     Ok(())
+}
+
+/// Writes provisional summaries ([`Summary::provisional`]) to the termination log on a thread
+/// of its own, so that a termination log that does not answer (a path on a hung mount) never
+/// holds the lifecycle's loop, its triggers or its deadline. Only the latest summary handed
+/// over is written; [`ProvisionalLog::close`] (before the final summary is written) ends the
+/// thread, and a write already waiting for the file's lock then gives up, so a provisional
+/// summary never lands after the final one.
+pub struct ProvisionalLog {
+    shared: std::sync::Arc<(parking_lot::Mutex<ProvisionalState>, parking_lot::Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProvisionalState {
+    next: Option<Summary>,
+    closed: bool,
+}
+
+impl ProvisionalLog {
+    /// Starts the writer for the termination log at `path`.
+    pub fn start(path: std::path::PathBuf) -> ProvisionalLog {
+        let shared = std::sync::Arc::new((
+            parking_lot::Mutex::new(ProvisionalState::default()),
+            parking_lot::Condvar::new(),
+        ));
+        let theirs = std::sync::Arc::clone(&shared);
+        let thread = std::thread::spawn(move || {
+            let (state, wake) = &*theirs;
+            loop {
+                let s = {
+                    let mut st = state.lock();
+                    while st.next.is_none() && !st.closed {
+                        wake.wait(&mut st);
+                    }
+                    if st.closed {
+                        return;
+                    }
+                    st.next.take()
+                };
+                if let Some(s) = s
+                    && let Err(e) = write_termination_log_unless(&path, &s, || state.lock().closed)
+                {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot write the provisional summary");
+                }
+            }
+        });
+        ProvisionalLog { shared, thread }
+    }
+
+    /// Hands `s` over to be written (replacing one not yet written); never blocks on I/O.
+    pub fn put(&self, s: Summary) {
+        let (state, wake) = &*self.shared;
+        state.lock().next = Some(s);
+        wake.notify_one();
+    }
+
+    /// Whether the writer's thread has ended (after [`ProvisionalLog::close`], once a write
+    /// it was in has returned).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Ends the writer: nothing handed over is written from now on.
+    pub fn close(&self) {
+        let (state, wake) = &*self.shared;
+        let mut st = state.lock();
+        st.closed = true;
+        st.next = None;
+        drop(st);
+        wake.notify_one();
+    }
 }
 
 /// Where the relay writes its summary when `--termination-log` is not given: Kubernetes'
@@ -606,6 +692,55 @@ mod tests {
         std::fs::write(&p, r#"{"exit_code":75,"outcome":"incomplete"}"#).unwrap();
         write_termination_log(&p, &of(8, 0, false, &[])).unwrap();
         assert_eq!(read()["exit_code"], 75);
+    }
+
+    /// The writer of provisional summaries never holds its caller, writes the latest one, and
+    /// writes nothing once closed, not even a summary already waiting for the file's lock
+    /// (here held by the test, as by a final summary being written).
+    #[test]
+    fn the_provisional_writer_never_blocks_and_never_writes_after_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("termination-log");
+        let read = || std::fs::read_to_string(&p).unwrap_or_default();
+        let of = |open: &str| {
+            let mut s = summary(75, &[open]);
+            s.outcome = STOPPING;
+            s
+        };
+        let log = ProvisionalLog::start(p.clone());
+        log.put(of("/first"));
+        let t = std::time::Instant::now();
+        while !read().contains("/first") {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "never written"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Hold the file's lock: the writer's next write waits for it; put and close do not.
+        let f = std::fs::File::open(&p).unwrap();
+        let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        log.put(of("/second"));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        log.put(of("/third"));
+        log.close();
+        // Blocking would last as long as the lock is held, i.e. forever.
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "put or close blocked"
+        );
+        drop(held);
+        let t = std::time::Instant::now();
+        while !log.is_finished() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the writer never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let text = read();
+        assert!(text.contains("/first"), "written after close: {text}");
     }
 
     #[test]

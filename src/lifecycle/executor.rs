@@ -42,9 +42,11 @@ pub(super) struct Executor {
     pub(super) machine: Machine,
     /// What happened, for the exit code and the summary.
     pub(super) record: Record,
-    /// The last provisional summary written to the termination log: when, and the state it
-    /// showed ([`super::serve`]).
+    /// The last provisional summary handed to the termination log's writer: when, and the
+    /// state it showed ([`super::serve`]).
     pub(super) provisional: Option<(Instant, String)>,
+    /// The termination log's writer of provisional summaries, once one was written.
+    pub(super) provisional_log: Option<summary::ProvisionalLog>,
 }
 
 impl Executor {
@@ -71,6 +73,7 @@ impl Executor {
             machine,
             record: Record::default(),
             provisional: None,
+            provisional_log: None,
         }
     }
 
@@ -79,8 +82,12 @@ impl Executor {
         crate::drain::exit_code(&self.record.outcome(&self.machine))
     }
 
-    /// The run is over (exit code `code`): `done`, and the summary.
+    /// The run is over (exit code `code`): `done`, and the summary. No provisional summary is
+    /// written after this.
     pub(super) fn finish(&mut self, code: ExitCode) -> summary::Summary {
+        if let Some(log) = self.provisional_log.take() {
+            log.close();
+        }
         self.record.timings.exit_ms = self.ms_since_trigger();
         self.shared.set_phase(Phase::Done, "exit");
         summary::Summary::new(

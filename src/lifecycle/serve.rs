@@ -110,9 +110,10 @@ impl Executor {
         }
     }
 
-    /// Writes a provisional summary to the termination log (if there is one): the record so
-    /// far, `out` as what is outstanding, and (unless a forced teardown already named them)
-    /// the files open and opening now.
+    /// Hands a provisional summary to the termination log's writer (if there is a log; the
+    /// write happens on the writer's thread): the record so far, `out` as what is
+    /// outstanding, and (unless a forced teardown already named them) the files open and
+    /// opening now.
     fn write_provisional<P: DataPath>(&mut self, dp: &P, out: Outstanding) {
         let Some(path) = self.cfg.lifecycle.termination_log.clone() else {
             return;
@@ -139,9 +140,9 @@ impl Executor {
             self.shared.data_path(),
             self.shared.relay_status(),
         );
-        if let Err(e) = summary::write_termination_log(&path, &s) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the provisional summary");
-        }
+        self.provisional_log
+            .get_or_insert_with(|| summary::ProvisionalLog::start(path))
+            .put(s);
     }
 
     /// The machine's `CloseDoor`: new opens, creates and namespace changes get ESHUTDOWN from
