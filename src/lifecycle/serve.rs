@@ -92,11 +92,7 @@ impl Executor {
         if !self.machine.triggered() || self.cfg.lifecycle.termination_log.is_none() {
             return until;
         }
-        let key = format!(
-            "{out:?} {:?} {:?}",
-            self.machine.phase(),
-            self.machine.forced()
-        );
+        let key = self.provisional_key(out);
         match &self.provisional {
             Some((_, last)) if *last == key => until,
             Some((at, _)) if at.elapsed() < PROVISIONAL_EVERY => {
@@ -110,6 +106,16 @@ impl Executor {
         }
     }
 
+    /// What a provisional summary shows that can change while stopping: `out`, the phase, the
+    /// force.
+    fn provisional_key(&self, out: Outstanding) -> String {
+        format!(
+            "{out:?} {:?} {:?}",
+            self.machine.phase(),
+            self.machine.forced()
+        )
+    }
+
     /// Hands a provisional summary to the termination log's writer (if there is a log; the
     /// write happens on the writer's thread): the record so far, `out` as what is
     /// outstanding, and (unless a forced teardown already named them) the files open and
@@ -118,12 +124,7 @@ impl Executor {
         let Some(path) = self.cfg.lifecycle.termination_log.clone() else {
             return;
         };
-        let key = format!(
-            "{out:?} {:?} {:?}",
-            self.machine.phase(),
-            self.machine.forced()
-        );
-        self.provisional = Some((Instant::now(), key));
+        self.provisional = Some((Instant::now(), self.provisional_key(out)));
         let mut record = self.record.clone();
         let (closed_at, drained_at) = self.machine.milestones();
         record.timings.door_closed_ms = self.ms_since(closed_at);
