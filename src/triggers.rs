@@ -6,7 +6,9 @@
 //! Exit files are watched with inotify on their parent directories **plus an initial scan**,
 //! so a file created before drainfs started still counts (the GKE layout
 //! `/gcsfuse-tmp/.volumes/exit` is written by the node driver, possibly early). A parent that
-//! does not exist yet is re-checked every 500 ms until it does. The watcher runs on a thread
+//! does not exist yet is re-checked every 500 ms until it does; so is one that is deleted or
+//! moved away while watched (its watch ends; the directory re-created at its path is watched
+//! and scanned again). The watcher runs on a thread
 //! of its own, off the lifecycle's runtime (its path lookups could wait on a mount that does
 //! not answer; see docs/blocking-calls.md).
 //! The watched process is followed through a pidfd (`pidfd_open(2)`), which becomes readable
@@ -18,7 +20,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use inotify::{Inotify, WatchMask};
+use inotify::{EventMask, Inotify, WatchMask};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use tokio::io::Interest;
@@ -112,10 +114,18 @@ fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> std::io:
         if ready {
             match inotify.read_events(&mut buf) {
                 Ok(events) => {
+                    let mut gone = Vec::new();
                     for ev in events {
                         let Some(dir) = by_wd.get(&ev.wd) else {
                             continue;
                         };
+                        if ev.mask.intersects(
+                            EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF,
+                        ) {
+                            // The directory went (or moved): watch its path again once it exists.
+                            gone.push(ev.wd.clone());
+                            continue;
+                        }
                         let Some(name) = ev.name else { continue };
                         if let Some((_, full)) = wanted
                             .get(dir)
@@ -124,6 +134,13 @@ fn watch_exit_files(files: Vec<PathBuf>, tx: UnboundedSender<Event>) -> std::io:
                             tracing::info!(path = %full.display(), "exit file appeared");
                             let _ = tx.send(Event::Trigger(Cause::ExitFile { path: full.clone() }));
                             return Ok(());
+                        }
+                    }
+                    for wd in gone {
+                        if let Some(dir) = by_wd.remove(&wd) {
+                            tracing::info!(dir = %dir.display(), "an exit file's directory went away; watching for it again");
+                            let _ = inotify.watches().remove(wd);
+                            pending.push(dir);
                         }
                     }
                 }
@@ -151,7 +168,11 @@ fn add_watches(
     for dir in dirs {
         match inotify.watches().add(
             &dir,
-            WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE,
+            WatchMask::CREATE
+                | WatchMask::MOVED_TO
+                | WatchMask::CLOSE_WRITE
+                | WatchMask::DELETE_SELF
+                | WatchMask::MOVE_SELF,
         ) {
             Ok(wd) => {
                 by_wd.insert(wd, dir);
@@ -180,5 +201,65 @@ pub async fn wait_pid_exit(pid: i32) {
     }
     while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the watcher on `file` on a thread; returns the receiver of its event.
+    fn watch(file: PathBuf) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || watch_exit_files(vec![file], tx));
+        rx
+    }
+
+    /// Waits up to 10 s for the watcher's event; the exit file's path, or `None`.
+    fn fired(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Option<PathBuf> {
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            match rx.try_recv() {
+                Ok(Event::Trigger(Cause::ExitFile { path })) => return Some(path),
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        None
+    }
+
+    /// The exit file's directory deleted while watched, then made again: the file created in
+    /// the new directory fires (it did not: the watch died with the first directory).
+    #[test]
+    fn an_exit_file_in_a_directory_deleted_and_made_again_fires() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sig");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("exit");
+        let mut rx = watch(file.clone());
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::remove_dir(&dir).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::create_dir(&dir).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(fired(&mut rx), Some(file));
+    }
+
+    /// The same with the directory moved away and another made at its path, and the exit file
+    /// created right after the new directory (before the watcher's next look).
+    #[test]
+    fn an_exit_file_in_a_directory_moved_away_and_replaced_fires() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sig");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("exit");
+        let mut rx = watch(file.clone());
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::rename(&dir, root.path().join("old")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(fired(&mut rx), Some(file));
     }
 }
