@@ -72,7 +72,8 @@ pub enum Command {
         /// `--control-socket` (`DRAINFS_CONTROL_SOCKET`).
         #[arg(long, env = "DRAINFS_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
         control_socket: PathBuf,
-        /// Block until the process has exited (its control socket is gone).
+        /// Block until the process has exited (its control socket is gone). The exit status
+        /// is still 0 whatever drainfs's outcome: read that from its exit code or summary.
         #[arg(long)]
         wait: bool,
     },
@@ -203,9 +204,11 @@ pub struct RunArgs {
     pub triggers: TriggerArgs,
 
     /// drainfs runs as a native sidecar: SIGTERM means every workload container has exited, so
-    /// admission closes at once. Also set by `NATIVE_SIDECAR=TRUE`.
-    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false", help_heading = HEADING_SHUTDOWN)]
-    pub native_sidecar: bool,
+    /// admission closes at once. When neither this flag nor `DRAINFS_NATIVE_SIDECAR` is given,
+    /// GKE's `NATIVE_SIDECAR` decides (default false); when one is, it wins over
+    /// `NATIVE_SIDECAR`.
+    #[arg(long, env = "DRAINFS_NATIVE_SIDECAR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true", help_heading = HEADING_SHUTDOWN)]
+    pub native_sidecar: Option<bool>,
 
     /// On a plain SIGTERM/SIGINT, keep serving until the mount has been idle this long.
     #[arg(long, env = "DRAINFS_QUIET_PERIOD", value_parser = parse_duration, default_value = "500ms", help_heading = HEADING_SHUTDOWN)]
@@ -323,8 +326,9 @@ pub struct TriggerArgs {
     #[arg(long = "exit-file", env = "DRAINFS_EXIT_FILE", value_delimiter = ',', help_heading = HEADING_SHUTDOWN)]
     pub exit_files: Vec<PathBuf>,
 
-    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd.
-    #[arg(long, env = "DRAINFS_WATCH_PID", help_heading = HEADING_SHUTDOWN)]
+    /// Shutdown trigger: this process exiting (the workload), watched with a pidfd. A process
+    /// id: 1 or more.
+    #[arg(long, env = "DRAINFS_WATCH_PID", value_parser = clap::value_parser!(i32).range(1..), help_heading = HEADING_SHUTDOWN)]
     pub watch_pid: Option<i32>,
 }
 
@@ -448,21 +452,32 @@ pub enum LogFormatArg {
     Json,
 }
 
+/// The longest duration any flag takes: 365 days. Deadlines are instants computed from
+/// these (a grace period times a few, plus now), which must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Parses a duration: a bare number is seconds (`30`, `0.5`), otherwise humantime
-/// (`30s`, `1500ms`, `1m 30s`).
+/// (`30s`, `1500ms`, `1m 30s`); at most [`MAX_DURATION`].
 ///
 /// # Errors
-/// A readable message when the text is neither.
+/// A readable message when the text is neither, or the duration is longer than 365 days.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
+    let d = if let Ok(secs) = s.parse::<f64>() {
+        if !(secs.is_finite() && secs >= 0.0) {
+            return Err(format!("`{s}` is not a non-negative duration"));
         }
-        return Err(format!("`{s}` is not a non-negative duration"));
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("`{s}` is not a duration ({e}); use e.g. 30, 30s, 1500ms"))?
+    };
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{s}` is longer than 365 days, the longest duration drainfs takes"
+        ));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration ({e}); use e.g. 30, 30s, 1500ms"))
+    Ok(d)
 }
 
 /// Parses a boolean exactly as Go's `strconv.ParseBool` does (GKE's components read
@@ -676,7 +691,7 @@ impl RunArgs {
                 lower_signal: self.lower_signal,
                 exit_files: self.triggers.exit_files,
                 watch_pid: self.triggers.watch_pid,
-                native_sidecar: self.native_sidecar || native_env,
+                native_sidecar: self.native_sidecar.unwrap_or(native_env),
                 quiet_period: self.quiet_period,
                 grace_period: self.grace_period,
                 grace_margin,

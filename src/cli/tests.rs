@@ -12,10 +12,54 @@ fn durations() {
         ("-1", None),
         ("soon", None),
         ("", None),
+        ("365days", Some(MAX_DURATION)),
+        ("31536000", Some(MAX_DURATION)),
+        // Longer than 365 days, or beyond what a Duration holds: refused, never a panic
+        // (1e30 and 18446744073709551615 panicked in Duration::from_secs_f64; 9e18 s was
+        // accepted and overflowed the deadline's arithmetic at the first SIGTERM).
+        ("31536001", None),
+        ("366days", None),
+        ("9000000000000000000s", None),
+        ("18446744073709551615", None),
+        ("100000000000000000000", None),
+        ("1e30", None),
+        ("inf", None),
+        ("NaN", None),
     ];
     for (input, want) in cases {
         assert_eq!(parse_duration(input).ok(), want, "input {input:?}");
     }
+}
+
+/// An explicit `--native-sidecar false` (or `DRAINFS_NATIVE_SIDECAR`) wins over GKE's
+/// `NATIVE_SIDECAR=TRUE`; without one, `NATIVE_SIDECAR` decides.
+#[test]
+fn an_explicit_native_sidecar_flag_wins_over_gkes_variable() {
+    let base = ["--lower", "/l", "--mountpoint", "/m"];
+    let native = |extra: &[&str], env: Option<&str>| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        run_config(&args, env).unwrap().lifecycle.native_sidecar
+    };
+    assert!(native(&[], Some("TRUE")));
+    assert!(!native(&[], None));
+    assert!(!native(&["--native-sidecar", "false"], Some("TRUE")));
+    assert!(!native(&["--native-sidecar=false"], Some("TRUE")));
+    assert!(native(&["--native-sidecar"], Some("FALSE")));
+    assert!(native(&["--native-sidecar"], None));
+}
+
+#[test]
+fn a_watched_pid_is_positive() {
+    for bad in ["0", "-1"] {
+        let args = ["--lower", "/l", "--mountpoint", "/m", "--watch-pid", bad];
+        assert!(run_config(&args, None).is_err(), "--watch-pid {bad}");
+    }
+    let args = ["--lower", "/l", "--mountpoint", "/m", "--watch-pid", "1"];
+    assert_eq!(
+        run_config(&args, None).unwrap().lifecycle.watch_pid,
+        Some(1)
+    );
 }
 
 #[test]
