@@ -23,9 +23,7 @@ use crate::mount;
 /// `--kernel-fd`), and that fd is open on `/dev/fuse`; for `run --relay`, `--mountpoint` is
 /// a directory that is not a mount and `/dev/fuse` opens.
 ///
-/// Both: the directories of `--summary-file`, `--termination-log`, `--ready-file` and
-/// `--control-socket` exist and are writable, `--watch-pid` is alive, `--admin-addr` can be
-/// bound. (An exit file's directory may appear later: drainfs waits for it.)
+/// Both: [`output_problems`], and `--admin-addr` can be bound.
 pub fn problems(cfg: &RunConfig) -> Vec<String> {
     let mut out = Vec::new();
     match &cfg.relay {
@@ -259,7 +257,16 @@ fn relay_problems(cfg: &RunConfig, connection: RelayConnection, out: &mut Vec<St
     }
 }
 
-fn output_problems(cfg: &RunConfig, out: &mut Vec<String>) {
+/// The checks of the outputs and triggers that `run` and `relay` make at start (exit 2) and
+/// `--check-config` lists: the directories of `--summary-file`, `--termination-log`,
+/// `--ready-file` and `--control-socket` exist and are writable, and none of these is an
+/// existing directory; `--control-socket` is not an existing file other than a socket, nor a
+/// socket another process answers on (drainfs replaces a stale one); `--watch-pid` is alive;
+/// the grace margin is shorter than the grace period; no exit file is the ready file or lies
+/// under `--mountpoint` or `--lower` (drainfs's own mount, and the bucket: the kernel sends
+/// no inotify event for a file created there by another mount's users, and it would be an
+/// object). (An exit file's directory may appear later: drainfs waits for it.)
+pub fn output_problems(cfg: &RunConfig, out: &mut Vec<String>) {
     let files = [
         ("--summary-file", cfg.lifecycle.summary_file.as_deref()),
         (
@@ -275,11 +282,69 @@ fn output_problems(cfg: &RunConfig, out: &mut Vec<String>) {
             out.push(format!("{flag} {}: {e}", path.display()));
         }
     }
+    if let Some(sock) = &cfg.admin.control_socket
+        && let Err(e) = control_socket_free(sock)
+    {
+        out.push(format!("--control-socket {}: {e}", sock.display()));
+    }
     if let Some(pid) = cfg.lifecycle.watch_pid
         && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
             == Err(nix::errno::Errno::ESRCH)
     {
         out.push(format!("--watch-pid {pid}: no such process"));
+    }
+    let l = &cfg.lifecycle;
+    if l.grace_margin >= l.grace_period {
+        out.push(format!(
+            "--grace-margin {} is not shorter than --grace-period {}: drainfs would force its stop at the trigger",
+            humantime::format_duration(l.grace_margin),
+            humantime::format_duration(l.grace_period)
+        ));
+    }
+    let mut served: Vec<(&str, PathBuf)> = Vec::new();
+    if !cfg.fs.mountpoint.as_os_str().is_empty() {
+        served.push(("--mountpoint", mount::absolute(&cfg.fs.mountpoint)));
+    }
+    if cfg.relay.is_none() && !cfg.fs.lower.as_os_str().is_empty() {
+        served.push(("--lower", mount::absolute(&cfg.fs.lower)));
+    }
+    let ready = l.ready_file.as_deref().map(mount::absolute);
+    for f in &l.exit_files {
+        let abs = mount::absolute(f);
+        if ready.as_ref() == Some(&abs) {
+            out.push(format!(
+                "--exit-file {} is also --ready-file: drainfs would stop itself once it serves",
+                f.display()
+            ));
+        }
+        for (flag, dir) in &served {
+            if abs.starts_with(dir) {
+                out.push(format!(
+                    "--exit-file {} is under {flag} {}: put it on a volume of its own (an emptyDir)",
+                    f.display(),
+                    dir.display()
+                ));
+            }
+        }
+    }
+}
+
+/// `--control-socket`'s path is free for drainfs: missing, or a socket nobody answers on (a
+/// predecessor's, which drainfs replaces).
+///
+/// # Errors
+/// A readable reason: an existing file that is not a socket (drainfs would delete it), or a
+/// socket another process (another drainfs) accepts connections on.
+pub fn control_socket_free(path: &Path) -> Result<(), String> {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !m.file_type().is_socket() {
+        return Err("exists and is not a socket (drainfs would replace it)".into());
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err("another process (another drainfs?) answers on this socket".into()),
+        Err(_) => Ok(()),
     }
 }
 
@@ -301,6 +366,9 @@ pub fn writable_dir_of(path: &Path) -> Result<(), String> {
     {
         return Ok(());
     }
+    if path.is_dir() {
+        return Err("is a directory: drainfs writes a file at this path".into());
+    }
     let dir = parent(path);
     if !dir.is_dir() {
         return Err(format!("the directory {} does not exist", dir.display()));
@@ -317,6 +385,75 @@ pub fn writable_dir_of(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `drainfs run ARGS` as a configuration.
+    fn cfg(args: &[&str]) -> RunConfig {
+        use clap::Parser;
+        let mut argv = vec!["drainfs", "run"];
+        argv.extend_from_slice(args);
+        match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+            crate::cli::Command::Run(a) => a.into_config(None).unwrap(),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    fn outputs(args: &[&str]) -> Vec<String> {
+        let mut out = Vec::new();
+        output_problems(&cfg(args), &mut out);
+        out
+    }
+
+    /// What a newcomer's configurations did (each passed `--check-config` and then lost the
+    /// summary, replaced a file, stopped another drainfs, never fired, or stopped at once):
+    /// each is now a problem, and the same configurations made sane have none.
+    #[test]
+    fn outputs_and_triggers_that_cannot_work_are_problems() {
+        let d = tempfile::tempdir().unwrap();
+        let p = |n: &str| d.path().join(n).display().to_string();
+        for n in ["l", "m", "outdir"] {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+        }
+        let base = ["--lower", &p("l"), "--mountpoint", &p("m")];
+        let with = |extra: &[&str]| {
+            let mut a = base.to_vec();
+            a.extend_from_slice(extra);
+            outputs(&a)
+        };
+        assert!(with(&[]).is_empty(), "{:?}", with(&[]));
+        // A directory where a file goes.
+        let e = with(&["--summary-file", &p("outdir")]);
+        assert!(e.len() == 1 && e[0].contains("is a directory"), "{e:?}");
+        let e = with(&["--termination-log", &p("outdir")]);
+        assert!(e.len() == 1 && e[0].contains("is a directory"), "{e:?}");
+        // The control socket: a regular file, a socket someone answers on, a stale socket.
+        std::fs::write(d.path().join("precious.txt"), b"precious").unwrap();
+        let e = with(&["--control-socket", &p("precious.txt")]);
+        assert!(e.len() == 1 && e[0].contains("not a socket"), "{e:?}");
+        let live = std::os::unix::net::UnixListener::bind(d.path().join("live.sock")).unwrap();
+        let e = with(&["--control-socket", &p("live.sock")]);
+        assert!(e.len() == 1 && e[0].contains("answers"), "{e:?}");
+        drop(live);
+        assert!(
+            with(&["--control-socket", &p("live.sock")]).is_empty(),
+            "a stale socket"
+        );
+        // Exit files: under the mountpoint, under the lower, the ready file itself.
+        let under_m = format!("{}/exit", p("m"));
+        let e = with(&["--exit-file", &under_m]);
+        assert!(e.len() == 1 && e[0].contains("under --mountpoint"), "{e:?}");
+        let under_l = format!("{}/sub/exit", p("l"));
+        let e = with(&["--exit-file", &under_l]);
+        assert!(e.len() == 1 && e[0].contains("under --lower"), "{e:?}");
+        let e = with(&["--exit-file", &p("x"), "--ready-file", &p("x")]);
+        assert!(e.len() == 1 && e[0].contains("--ready-file"), "{e:?}");
+        assert!(with(&["--exit-file", &p("sig/exit"), "--ready-file", &p("ready")]).is_empty());
+        // The grace margin.
+        let e = with(&["--grace-period", "2s", "--grace-margin", "5s"]);
+        assert!(e.len() == 1 && e[0].contains("--grace-margin"), "{e:?}");
+        let e = with(&["--grace-period", "0"]);
+        assert!(e.len() == 1 && e[0].contains("--grace-margin"), "{e:?}");
+        assert!(with(&["--grace-period", "2s", "--grace-margin", "1s"]).is_empty());
+    }
 
     fn lower_cmd(args: &[&str], lower: &str) -> Vec<String> {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();

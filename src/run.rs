@@ -202,29 +202,11 @@ fn prepare_process() {
     }
 }
 
-/// Start-up checks of what would otherwise fail only at shutdown or at once after start: the
-/// summary file's and the termination log's directories exist and are writable (or the file
-/// itself is, as Kubernetes' bind-mounted `/dev/termination-log`), and a watched pid is alive.
+/// Start-up checks of what would otherwise fail only at shutdown or at once after start
+/// ([`crate::checks::output_problems`]: outputs, the control socket, the watched pid, the
+/// grace margin, the exit files); the first problem.
 fn check_outputs(cfg: &RunConfig) -> Result<(), String> {
-    let files = [
-        ("--summary-file", cfg.lifecycle.summary_file.as_deref()),
-        (
-            "--termination-log",
-            cfg.lifecycle.termination_log.as_deref(),
-        ),
-        ("--ready-file", cfg.lifecycle.ready_file.as_deref()),
-        ("--control-socket", cfg.admin.control_socket.as_deref()),
-    ];
-    for (flag, path) in files {
-        let Some(path) = path else { continue };
-        crate::checks::writable_dir_of(path)
-            .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
-    }
-    if let Some(pid) = cfg.lifecycle.watch_pid
-        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-            == Err(nix::errno::Errno::ESRCH)
-    {
-        return Err(format!("--watch-pid {pid}: no such process"));
-    }
-    Ok(())
+    let mut problems = Vec::new();
+    crate::checks::output_problems(cfg, &mut problems);
+    problems.into_iter().next().map_or(Ok(()), Err)
 }

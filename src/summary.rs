@@ -456,11 +456,13 @@ fn write_termination_log_unless(
     stop: impl Fn() -> bool,
 ) -> std::io::Result<()> {
     use std::io::{Read, Seek};
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o644)
         .open(path)?;
     let locked = nix::fcntl::Flock::lock(f.try_clone()?, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| std::io::Error::from(e))?;
