@@ -230,6 +230,8 @@ fn relay_problems(cfg: &RunConfig, connection: RelayConnection, out: &mut Vec<St
                     let dev = (nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32);
                     if !m.file_type().is_char_device() || dev != FUSE_DEV {
                         out.push(format!("fd {kfd} (the FUSE connection): not /dev/fuse"));
+                    } else if let Err(e) = crate::relay::run::live_connection_check(kfd) {
+                        out.push(e);
                     }
                 }
             }

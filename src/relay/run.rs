@@ -141,6 +141,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
 fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     fcntl_check(kfd)?;
     fuse_device_check(kfd)?;
+    live_connection_check(kfd)?;
     // SAFETY: `kfd` is open (checked above) and was inherited; nothing else in this process
     // owns it, so taking ownership (and closing it once duplicated) is sound.
     let inherited = unsafe { OwnedFd::from_raw_fd(kfd) };
@@ -290,6 +291,31 @@ fn fuse_device_check(fd: RawFd) -> Result<(), String> {
         };
         return Err(format!(
             "fd {fd} is not a FUSE connection (an open /dev/fuse, device 10:229): it is {what}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `fd` (an open `/dev/fuse`) is a live FUSE connection: `poll(2)` without waiting
+/// reports `POLLERR` for a `/dev/fuse` that was never mounted (no connection) or whose
+/// connection has ended (fs/fuse/dev.c, `fuse_dev_poll`); a live one reports `POLLIN` (INIT
+/// queued) or nothing.
+///
+/// # Errors
+/// The reason, naming `fd`.
+pub(crate) fn live_connection_check(fd: RawFd) -> Result<(), String> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    // SAFETY: `fd` is open (fcntl_check) and only borrowed for the poll call.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut fds = [PollFd::new(borrowed, PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO)
+        .map_err(|e| format!("fd {fd} (the FUSE connection): poll failed: {e}"))?;
+    if fds[0]
+        .revents()
+        .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLNVAL))
+    {
+        return Err(format!(
+            "fd {fd} is /dev/fuse but not a live FUSE connection: never mounted (the node driver mounts it with fd=N before handing it over), or already ended"
         ));
     }
     Ok(())
@@ -489,6 +515,21 @@ mod tests {
             cgroup_paths("0::/user.slice\n"),
             (Some("/user.slice"), None)
         );
+    }
+
+    /// A `/dev/fuse` fd that was never mounted is refused at start (it was relayed, and the
+    /// relay reported a clean stop, exit 0, cause `unmounted_externally`).
+    #[test]
+    fn a_dev_fuse_that_was_never_mounted_is_not_a_connection() {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .expect("/dev/fuse opens (the suite needs it)");
+        let fd = f.as_raw_fd();
+        assert!(fuse_device_check(fd).is_ok());
+        let e = live_connection_check(fd).unwrap_err();
+        assert!(e.contains("not a live FUSE connection"), "{e}");
     }
 
     #[test]
