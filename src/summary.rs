@@ -102,8 +102,8 @@ pub struct Summary {
     /// or [`STOPPING`] in a provisional summary.
     pub outcome: &'static str,
     /// The process id of the drainfs that wrote it (in its own PID namespace): several relays
-    /// of one pod share one termination log, and each replaces only its own provisional
-    /// summary with a clean one ([`write_termination_log`]).
+    /// of one pod share one termination log, and a clean summary replaces a provisional one
+    /// only its own writer's ([`write_termination_log`]).
     pub pid: u32,
     /// The first trigger.
     pub cause: Option<Cause>,
@@ -420,11 +420,13 @@ pub fn not_clean_message(s: &Summary) -> String {
 }
 
 /// Whether `s` may replace `old`, the termination log's content. Several drop-in relays of
-/// one pod (one per gcsfuse volume) share the container's `/dev/termination-log`, so a
-/// summary that is not clean (`exit_code` non-zero, provisional ones included) stays until
-/// its own writer (same `pid`) replaces it, or another one that is not clean and not
-/// provisional does: a clean stop never hides another volume's incomplete or unfinished one,
-/// and a provisional summary never hides another volume's final one. Anything that is not a
+/// one pod (one per gcsfuse volume) share the container's `/dev/termination-log`, and the
+/// sidecar mounter SIGTERMs them all at once. A clean summary replaces only a clean one or
+/// its own writer's (same `pid`) provisional one: it never hides another volume's incomplete
+/// or unfinished stop. A provisional summary replaces anything but another writer's final
+/// summary that is not clean; in particular another writer's provisional one, so that a
+/// writer whose stop is still going is the one the file shows when the other finishes
+/// clean. A final summary that is not clean replaces anything. Anything that is not a
 /// drainfs summary is replaced.
 fn replaces(old: &str, s: &Summary) -> bool {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(old) else {
@@ -434,13 +436,21 @@ fn replaces(old: &str, s: &Summary) -> bool {
         return true;
     };
     let own = v.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(s.pid));
-    old_code == 0 || own || (s.exit_code != 0 && s.outcome != STOPPING)
+    let old_stopping = v.get("outcome").and_then(serde_json::Value::as_str) == Some(STOPPING);
+    if old_code == 0 || own {
+        return true;
+    }
+    if s.outcome == STOPPING {
+        return old_stopping;
+    }
+    s.exit_code != 0
 }
 
 /// Writes the termination-log form of `s` ([`for_termination_log`]) to `path` in place (not
 /// a rename: Kubernetes bind-mounts this one file), under an exclusive `flock`, unless what
-/// the file holds must stay (`replaces`: nothing clean or provisional replaces another
-/// writer's summary that is not clean).
+/// the file holds must stay (`replaces`: a clean summary never hides another writer's one
+/// that is not clean, a provisional one never hides another writer's final one that is not
+/// clean).
 ///
 /// # Errors
 /// The I/O error of any step.
@@ -477,9 +487,15 @@ fn write_termination_log_unless(
         drop(locked);
         return Ok(());
     }
-    f.set_len(0)?;
+    // One write over the old text, padded with spaces to its length (trailing spaces are
+    // still the same JSON), then the cut: a reader, or a SIGKILL between the two, finds the
+    // old summary or the new one, never an empty or mixed file.
+    let mut text = for_termination_log(s).into_bytes();
+    let len = text.len();
+    text.resize(len.max(old.len()), b' ');
     f.rewind()?;
-    f.write_all(for_termination_log(s).as_bytes())?;
+    f.write_all(&text)?;
+    f.set_len(len as u64)?;
     drop(locked);
     Ok(())
 }
@@ -664,18 +680,23 @@ mod tests {
             "clean",
             "its own clean final replaces it"
         );
-        // Two writers: 8's provisional stays under 9's clean final and 9's provisional.
+        // Two writers: 8's provisional stays under 9's clean final.
         write_termination_log(&p, &of(8, 75, true, &["/c"])).unwrap();
         write_termination_log(&p, &of(9, 0, false, &[])).unwrap();
         assert_eq!(
             (read()["outcome"].clone(), read()["pid"].clone()),
             ("stopping".into(), 8.into())
         );
+        // Both SIGTERMed at once (GKE's sidecar mounter): 8's provisional, then 9's, which
+        // replaces it; 8's clean final must not then hide 9's unfinished stop (it did when
+        // 9's provisional was refused).
         write_termination_log(&p, &of(9, 75, true, &["/d"])).unwrap();
+        assert_eq!(read()["open_paths"][0], "/d", "9's provisional was refused");
+        write_termination_log(&p, &of(8, 0, false, &[])).unwrap();
         assert_eq!(
-            read()["open_paths"][0],
-            "/c",
-            "another's provisional replaced it"
+            (read()["outcome"].clone(), read()["pid"].clone()),
+            ("stopping".into(), 9.into()),
+            "a clean stop hid another volume's unfinished one"
         );
         // 9's final incomplete replaces it (a stop that is not clean either way).
         write_termination_log(&p, &of(9, 75, false, &["/d"])).unwrap();
