@@ -52,7 +52,7 @@ ops! {
     Readdirplus => "readdirplus", Releasedir => "releasedir", Fsyncdir => "fsyncdir",
     Statfs => "statfs", Access => "access", Setxattr => "setxattr", Getxattr => "getxattr",
     Listxattr => "listxattr", Removexattr => "removexattr", Fallocate => "fallocate",
-    Lseek => "lseek", CopyFileRange => "copy_file_range",
+    Lseek => "lseek", CopyFileRange => "copy_file_range", Init => "init",
     Other => "other",
 }
 
@@ -61,7 +61,7 @@ const N_OPS: usize = Op::ALL.len();
 impl Op {
     /// Which count of the gate the operation is in. Read-only: LOOKUP, FORGET, GETATTR,
     /// READLINK, READ, OPENDIR, READDIR, READDIRPLUS, RELEASEDIR, STATFS, ACCESS, GETXATTR,
-    /// LISTXATTR, LSEEK (nothing of theirs reaches the bucket). Everything else may change
+    /// LISTXATTR, LSEEK, INIT (the relay's; nothing of theirs reaches the bucket). Everything else may change
     /// data or creates a handle, including OPEN (the door's admission, and O_TRUNC rides on
     /// it), RELEASE (a writable file's last close uploads on some lowers) and `other` (ioctl,
     /// locks, opcodes drainfs does not know).
@@ -80,7 +80,8 @@ impl Op {
             | Op::Access
             | Op::Getxattr
             | Op::Listxattr
-            | Op::Lseek => Class::ReadOnly,
+            | Op::Lseek
+            | Op::Init => Class::ReadOnly,
             _ => Class::Changes,
         }
     }

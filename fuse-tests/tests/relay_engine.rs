@@ -240,7 +240,8 @@ fn daemon_killed_mid_flush_fails_the_request_with_eio_at_once() {
     let s = m.summary();
     assert_eq!(s["lower_exit"], "signal SIGKILL");
     assert_eq!(s["outcome"], "lower_failed");
-    assert_eq!(s["exit_code"], 128 + 9);
+    // The summary keeps the outcome's code; the process's status is the signal.
+    assert_eq!(s["exit_code"], 69);
     assert!(
         s["relay"]["counts"]["answered_daemon_gone"]
             .as_u64()
@@ -348,6 +349,39 @@ fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
     })
     .expect("statfs on the mount hangs");
     assert!(r.is_err(), "the mount answered statfs");
+}
+
+/// A stop that comes while the daemon has not answered INIT yet (gcsfuse still starting):
+/// the daemon is SIGKILLed at the relay's budget, and nothing was ever served, so the exit is
+/// not 75 "incomplete" (INIT counted as a request that may change data, which made it so).
+#[test]
+fn a_stop_before_the_daemon_answered_init_is_not_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fuse = mount_fd(&mnt);
+    let n = fuse.as_raw_fd();
+    // A "daemon" that never reads its socket (nor exits on EOF); INIT waits 30 s by default.
+    let mut cmd = Command::new(bin("drainfs"));
+    cmd.args(["relay", "--socket-buffer", "212992", "--grace-period", "2s"])
+        .arg("--summary-file")
+        .arg(dir.path().join("summary.json"))
+        .args(["--", "sh", "-c", "sleep 30", "sh"])
+        .arg(format!("/dev/fd/{n}"))
+        .stdin(Stdio::null());
+    let mut m = RelayMount {
+        drainfs: Proc::spawn(cmd),
+        dir,
+    };
+    drop(fuse);
+    std::thread::sleep(Duration::from_millis(300));
+    m.drainfs.signal(Signal::SIGTERM);
+    let st = m.wait_exit(Duration::from_secs(10));
+    let s = m.summary();
+    assert_ne!(st.code(), Some(75), "{s:#}\n{}", m.drainfs.stderr_text());
+    assert_ne!(s["outcome"], "incomplete", "{s:#}");
+    assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
+    assert_eq!(s["counts"]["opened_write"], 0, "{s:#}");
 }
 
 #[test]

@@ -28,8 +28,9 @@ use super::proto::{self, InHeader, NameOp, Opcode};
 use crate::accounting::{Accounting, HandleMode, Op, OwnedOpGuard};
 
 /// The accounting's operation for a FUSE opcode: BATCH_FORGET counts as `forget`, RENAME2 as
-/// `rename`, TMPFILE as `create`; opcodes the passthrough mount never sees (INIT, INTERRUPT,
-/// locks, ioctl, poll, unknown ones...) as `other`.
+/// `rename`, TMPFILE as `create`, INIT as `init` (read-only: a daemon SIGKILLed before it
+/// answered INIT had served nothing); other opcodes the passthrough mount never sees
+/// (INTERRUPT, locks, ioctl, poll, unknown ones...) as `other`.
 pub fn accounting_op(op: Opcode) -> Op {
     use Opcode as O;
     match op {
@@ -66,8 +67,8 @@ pub fn accounting_op(op: Opcode) -> Op {
         O::Fallocate => Op::Fallocate,
         O::Lseek => Op::Lseek,
         O::CopyFileRange => Op::CopyFileRange,
-        O::Init
-        | O::Getlk
+        O::Init => Op::Init,
+        O::Getlk
         | O::Setlk
         | O::Setlkw
         | O::Interrupt
