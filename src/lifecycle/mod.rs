@@ -104,22 +104,22 @@ pub async fn run(
         ex.cfg.lifecycle.termination_log.as_deref(),
     );
     Exit {
-        code: s.exit_code,
+        code: raise.map_or(s.exit_code, |sig| 128 + sig as i32),
         raise,
     }
 }
 
 /// The signal drainfs ends by, if any, noted in the summary `s`: the one its relay's daemon
-/// died of (exit 69; the summary's `exit_code` becomes 128+N), or SIGTERM for a clean stop by
+/// died of (exit 69, which the summary keeps; the process's status is then that signal, or
+/// 128+N if raising it does not end the process), or SIGTERM for a clean stop by
 /// SIGTERM with `--clean-sigterm-exit signal` (the summary keeps exit code 0, the process
 /// ends as a terminated gcsfuse would).
 fn ending_signal(ex: &Executor, code: ExitCode, s: &mut summary::Summary) -> Option<Signal> {
     // A daemon killed by drainfs (LowerStop::Killed) is reported by the exit code, not raised.
     let raise = ex.record.raise.filter(|_| code == ExitCode::LowerFailed);
     if let Some(sig) = raise {
-        s.exit_code = 128 + sig as i32;
         s.notes.push(format!(
-            "the daemon died of {}: drainfs ends by the same signal",
+            "the daemon died of {}: drainfs ends by the same signal (its exit status is that signal's, not 69)",
             sig.as_str()
         ));
     }
