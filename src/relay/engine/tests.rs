@@ -148,6 +148,23 @@ impl Harness {
         self.events.recv_timeout(T).expect("no engine event")
     }
 
+    /// The relay's counters once `f` holds of them, or after `T` whatever they are: a counter
+    /// is bumped after the message it counts went on, so the thread that moved it may still
+    /// be between the two when the test sees the message.
+    pub(super) fn wait_counters(
+        &self,
+        f: impl Fn(&crate::relay::inflight::Counters) -> bool,
+    ) -> crate::relay::inflight::Counters {
+        let deadline = Instant::now() + T;
+        loop {
+            let c = self.relay.counters();
+            if f(&c) || Instant::now() > deadline {
+                return c;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     pub(super) fn wait_outstanding(&self, f: impl Fn(&Outstanding) -> bool) -> Outstanding {
         let deadline = Instant::now() + T;
         loop {
@@ -220,7 +237,7 @@ fn init_is_rewritten_both_ways() {
         other => panic!("{other:?}"),
     }
     assert_eq!(h.relay.init_caps().unwrap().max_pages, 32);
-    assert_eq!(h.relay.outstanding().in_flight, 0);
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
 fn init_fails_loudly_when_the_socket_is_too_small() {
@@ -264,7 +281,7 @@ fn order_is_preserved_and_interrupt_replies_do_not_complete() {
     let r = recv(&h.kernel);
     assert_eq!((unique_of(&r), &r[16..]), (4, &b"data"[..]));
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
-    let c = h.relay.counters();
+    let c = h.wait_counters(|c| (c.interrupt_replies, c.replies, c.forgets) == (1, 2, 1));
     assert_eq!((c.interrupt_replies, c.replies, c.forgets), (1, 2, 1));
 }
 
@@ -334,9 +351,9 @@ fn notifications_pass_through_and_batch_forget_is_not_counted() {
     body.extend_from_slice(&[1; 48]);
     send(&h.kernel, &request(42, 2, 0, &body));
     assert_eq!(u32_at(&recv(h.d()), 4), Some(42));
-    let o = h.relay.outstanding();
+    let o = h.wait_outstanding(|o| o.in_flight == 0);
     assert_eq!(o.in_flight, 0);
-    let c = h.relay.counters();
+    let c = h.wait_counters(|c| (c.notifications, c.forgets) == (1, 1));
     assert_eq!((c.notifications, c.forgets), (1, 1));
 }
 
@@ -360,7 +377,7 @@ fn daemon_eof_answers_everything_in_flight_with_eio() {
     send(&h.kernel, &request(3, 6, 1, &[0; 16]));
     let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
     assert_eq!((oh.unique, oh.error), (6, -libc::EIO));
-    assert_eq!(h.relay.outstanding().in_flight, 0);
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
 fn stop_sends_shut_wr_and_keeps_reading_until_eof() {
@@ -403,11 +420,14 @@ fn init_timeout_answers_the_kernel_eio_and_a_late_reply_is_dropped() {
     let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
     assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
     assert!(!h.relay.fail_init(), "only once");
-    assert_eq!(h.relay.outstanding().in_flight, 0);
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
     // The daemon's late reply is not for a pending request.
     send(h.d(), &reply(2, 0, &init_out(1 << 20, 0, 0)));
     recv(&h.kernel);
-    assert_eq!(h.relay.counters().unknown_replies, 1);
+    assert_eq!(
+        h.wait_counters(|c| c.unknown_replies == 1).unknown_replies,
+        1
+    );
     assert_eq!(h.relay.init_caps(), None);
 }
 
@@ -425,7 +445,7 @@ fn kernel_gone_releases_handles_and_sends_eof_to_the_daemon() {
     assert_eq!(h.event(), EngineEvent::KernelGone(Errno::ENODEV));
     assert_eq!(recv(h.d()), Vec::<u8>::new());
     assert!(h.relay.kernel_gone());
-    assert!(h.relay.outstanding().is_idle());
+    assert!(h.wait_outstanding(Outstanding::is_idle).is_idle());
 }
 
 fn kernel_gone_sends_eof_to_the_daemon() {
@@ -445,7 +465,10 @@ fn malformed_daemon_reply_is_answered_eio() {
     send(h.d(), &bad);
     let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
     assert_eq!((oh.unique, oh.error), (2, -libc::EIO));
-    assert_eq!(h.relay.counters().protocol_errors, 1);
+    assert_eq!(
+        h.wait_counters(|c| c.protocol_errors == 1).protocol_errors,
+        1
+    );
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
@@ -536,7 +559,7 @@ fn a_send_refused_with_enobufs_is_retried_and_nothing_is_lost() {
         None,
         "a duplicate"
     );
-    let c = h.relay.counters();
+    let c = h.wait_counters(|c| c.replies == 3);
     assert_eq!((c.answered_send_failed, c.replies), (0, 3));
 }
 
@@ -589,7 +612,10 @@ fn an_invalid_error_value_is_answered_eio() {
         assert_eq!((oh.unique, oh.error), (unique, -libc::EIO));
     }
     assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
-    assert_eq!(h.relay.counters().protocol_errors, 2);
+    assert_eq!(
+        h.wait_counters(|c| c.protocol_errors == 2).protocol_errors,
+        2
+    );
 }
 
 fn a_refused_init_is_passed_on_and_reported() {
@@ -600,7 +626,7 @@ fn a_refused_init_is_passed_on_and_reported() {
     let oh = OutHeader::parse(&recv(&h.kernel)).unwrap();
     assert_eq!((oh.unique, oh.error), (2, -libc::ENOSYS));
     assert_eq!(h.event(), EngineEvent::InitRefused(libc::ENOSYS));
-    assert_eq!(h.relay.outstanding().in_flight, 0);
+    assert_eq!(h.wait_outstanding(|o| o.in_flight == 0).in_flight, 0);
 }
 
 #[test]
@@ -706,7 +732,7 @@ fn a_release_with_changes_no_flush_covered_is_preceded_by_an_own_fsync() {
     assert_eq!(unique_of(&recv(&h.kernel)), 8);
     assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
     assert!(h.relay.failed_flushes().is_empty());
-    assert_eq!(h.relay.counters().relay_fsyncs, 1);
+    assert_eq!(h.wait_counters(|c| c.relay_fsyncs == 1).relay_fsyncs, 1);
 
     // The same with the FSYNC failing: a failed flush; the RELEASE still goes on.
     open_write(&h, 10, 11);
@@ -753,7 +779,7 @@ fn an_open_answered_enosys_gets_a_handle_of_the_relay() {
     assert_eq!((oh.unique, oh.error), (6, 0));
     assert!(recv_within(h.d(), Duration::from_millis(100)).is_none());
     assert!(h.wait_outstanding(|o| o.is_idle()).is_idle());
-    assert_eq!(h.relay.counters().opens_answered, 1);
+    assert_eq!(h.wait_counters(|c| c.opens_answered == 1).opens_answered, 1);
 }
 
 /// A notifier held in a write (here: the stand-in kernel's socket is full; in the kernel: a
