@@ -383,9 +383,20 @@ pub fn emit(s: &Summary, summary_file: Option<&Path>, termination_log: Option<&P
 
 /// The ERROR line of a stop that is not clean: the outcome, then the files.
 pub fn not_clean_message(s: &Summary) -> String {
+    let served = s.counts.opened_write > 0
+        || s.counts.bytes_written > 0
+        || !s.open_paths.is_empty()
+        || !s.in_flight_opens.is_empty()
+        || !s.failed_flushes.is_empty();
     let mut parts = vec![format!(
-        "stopped with exit {} ({}): data may be missing from the bucket",
-        s.exit_code, s.outcome
+        "stopped with exit {} ({}): {}",
+        s.exit_code,
+        s.outcome,
+        if served || s.outcome == STOPPING {
+            "data may be missing from the bucket"
+        } else {
+            "no file was opened for writing, so nothing written through drainfs is missing"
+        }
     )];
     let list = |what: &str, paths: &[String]| {
         let shown: Vec<&str> = paths
@@ -803,13 +814,26 @@ mod tests {
         let mut s = summary(75, &many);
         s.failed_flushes = vec!["/out/bad.csv".into()];
         let m = not_clean_message(&s);
-        assert!(m.contains("exit 75 (incomplete)"), "{m}");
+        assert!(
+            m.contains("exit 75 (incomplete): data may be missing"),
+            "{m}"
+        );
         assert!(m.contains("/out/0.csv") && m.contains("/out/19.csv"), "{m}");
         assert!(
             !m.contains("/out/20.csv") && m.contains("(and 5 more)"),
             "{m}"
         );
         assert!(m.contains("failed flushes: /out/bad.csv"), "{m}");
+        // A lower that never mounted: nothing was opened for writing, so nothing is missing.
+        let mut s = summary(69, &[]);
+        s.outcome = "lower_failed";
+        let m = not_clean_message(&s);
+        assert!(
+            m.contains("nothing written through drainfs is missing"),
+            "{m}"
+        );
+        s.counts.opened_write = 1;
+        assert!(not_clean_message(&s).contains("data may be missing"));
     }
 
     /// The published schema (docker/monitoring/summary.schema.json) names every field the
