@@ -499,8 +499,8 @@ fn write_termination_log_unless(
         return Ok(());
     }
     // One write over the old text, padded with spaces to its length (trailing spaces are
-    // still the same JSON), then the cut: a reader, or a SIGKILL between the two, finds the
-    // old summary or the new one, never an empty or mixed file.
+    // still the same JSON), then the cut: a SIGKILL at any point leaves the old summary or
+    // the new one, never an empty file (truncating first left one in between).
     let mut text = for_termination_log(s).into_bytes();
     let len = text.len();
     text.resize(len.max(old.len()), b' ');
