@@ -517,6 +517,12 @@ fn write_termination_log_unless(
 /// over is written; [`ProvisionalLog::close`] (before the final summary is written) ends the
 /// thread, and a write already waiting for the file's lock then gives up, so a provisional
 /// summary never lands after the final one.
+///
+/// Until then, every [`REASSERT_EVERY`] the thread looks at the file and writes its latest
+/// summary again if the file shows a clean stop (or no drainfs summary): one file holds one
+/// summary, and another relay of the pod that finished clean may have replaced this one's
+/// (after this one's provisional summary had replaced the other's). So the file shows "clean"
+/// for at most that long while a relay of the pod is still stopping.
 pub struct ProvisionalLog {
     shared: std::sync::Arc<(parking_lot::Mutex<ProvisionalState>, parking_lot::Condvar)>,
     thread: std::thread::JoinHandle<()>,
@@ -538,19 +544,30 @@ impl ProvisionalLog {
         let theirs = std::sync::Arc::clone(&shared);
         let thread = std::thread::spawn(move || {
             let (state, wake) = &*theirs;
+            let mut last: Option<Summary> = None;
             loop {
-                let s = {
+                let next = {
                     let mut st = state.lock();
                     while st.next.is_none() && !st.closed {
-                        wake.wait(&mut st);
+                        if last.is_none() {
+                            wake.wait(&mut st);
+                        } else if wake.wait_for(&mut st, REASSERT_EVERY).timed_out() {
+                            break;
+                        }
                     }
                     if st.closed {
                         return;
                     }
                     st.next.take()
                 };
-                if let Some(s) = s
-                    && let Err(e) = write_termination_log_unless(&path, &s, || state.lock().closed)
+                match next {
+                    Some(s) => last = Some(s),
+                    // Timed out: write again only if the file shows a clean stop.
+                    None if !shows_clean(&path) => continue,
+                    None => {}
+                }
+                if let Some(s) = &last
+                    && let Err(e) = write_termination_log_unless(&path, s, || state.lock().closed)
                 {
                     tracing::warn!(path = %path.display(), error = %e, "cannot write the provisional summary");
                 }
@@ -581,6 +598,21 @@ impl ProvisionalLog {
         drop(st);
         wake.notify_one();
     }
+}
+
+/// How often a [`ProvisionalLog`] looks whether another relay's clean summary replaced its own.
+pub const REASSERT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether the termination log at `path` shows a clean stop or no drainfs summary at all (a
+/// file that cannot be read counts as not clean: nothing to put right).
+fn shows_clean(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("exit_code").and_then(serde_json::Value::as_i64))
+        .is_none_or(|c| c == 0)
 }
 
 /// Where the relay writes its summary when `--termination-log` is not given: Kubernetes'
@@ -775,6 +807,56 @@ mod tests {
         }
         let text = read();
         assert!(text.contains("/first"), "written after close: {text}");
+    }
+
+    /// Two relays SIGTERMed at once: A's provisional summary, then B's (which replaces it),
+    /// then B's clean final (which replaces its own): the file said "clean" while A was still
+    /// stopping (a newcomer's reading of the rule). A's writer puts its summary back within
+    /// `REASSERT_EVERY`.
+    #[test]
+    fn a_relay_still_stopping_puts_its_summary_back_over_another_ones_clean_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("termination-log");
+        let read = || -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        let of = |pid: u32, code: i32, stopping: bool, open: &[&str]| {
+            let mut s = summary(code, open);
+            s.pid = pid;
+            if stopping {
+                s.outcome = STOPPING;
+            }
+            s
+        };
+        let a = ProvisionalLog::start(p.clone());
+        a.put(of(8, 75, true, &["/stuck.bin"]));
+        let wait_for = |want_pid: u64| {
+            let t = std::time::Instant::now();
+            while read()["pid"] != want_pid || read()["outcome"] != "stopping" {
+                assert!(
+                    t.elapsed() < std::time::Duration::from_secs(10),
+                    "not back: {:#}",
+                    read()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        wait_for(8);
+        write_termination_log(&p, &of(9, 75, true, &["/b.bin"])).unwrap();
+        write_termination_log(&p, &of(9, 0, false, &[])).unwrap();
+        wait_for(8);
+        assert_eq!(read()["open_paths"][0], "/stuck.bin");
+        // Once A has closed its writer (its final summary comes next), nothing comes back.
+        a.close();
+        let t = std::time::Instant::now();
+        while !a.is_finished() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        write_termination_log(&p, &of(8, 0, false, &[])).unwrap();
+        std::thread::sleep(REASSERT_EVERY * 3);
+        assert_eq!(read()["outcome"], "clean");
     }
 
     #[test]
