@@ -460,6 +460,44 @@ mod tests {
         assert!(with(&["--grace-period", "2s", "--grace-margin", "1s"]).is_empty());
     }
 
+    /// A taken admin address is a problem for `run`, not for a relay (which goes without an
+    /// admin server, as at start: one relay per volume shares the pod's address).
+    #[test]
+    fn a_taken_admin_address_is_a_problem_for_run_only() {
+        use clap::Parser;
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let d = tempfile::tempdir().unwrap();
+        let p = |n: &str| d.path().join(n).display().to_string();
+        for n in ["l", "m"] {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+        }
+        let run = cfg(&[
+            "--lower",
+            &p("l"),
+            "--mountpoint",
+            &p("m"),
+            "--admin-addr",
+            &addr,
+        ]);
+        assert!(problems(&run).iter().any(|e| e.starts_with("--admin-addr")));
+        let argv = [
+            "drainfs",
+            "relay",
+            "--admin-addr",
+            &addr,
+            "--",
+            "d",
+            "/dev/fd/3",
+        ];
+        let relay = match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+            crate::cli::Command::Relay(a) => a.into_config(),
+            other => panic!("parsed {other:?}"),
+        };
+        let e = problems(&relay);
+        assert!(!e.iter().any(|e| e.starts_with("--admin-addr")), "{e:?}");
+    }
+
     fn lower_cmd(args: &[&str], lower: &str) -> Vec<String> {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let mut out = Vec::new();
