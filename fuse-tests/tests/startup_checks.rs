@@ -36,6 +36,8 @@ struct Scratch {
 impl Scratch {
     fn new() -> Scratch {
         let dir = tempfile::tempdir().unwrap();
+        // Under the suite's bound: a FUSE mount made here is aborted and detached at its end.
+        fuse_tests::bound::own_dir(dir.path());
         for d in ["lower", "mnt", "out"] {
             std::fs::create_dir(dir.path().join(d)).unwrap();
         }
@@ -202,12 +204,59 @@ fn relay_check_config_checks_the_daemon_and_the_connection() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(errors(&out).len(), 2, "{:#?}", errors(&out));
-    // fd 3 on /dev/fuse: accepted.
+    // fd 3 on a /dev/fuse that was never mounted: not a connection (it was relayed, and the
+    // stop reported clean).
     let fuse = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
         .unwrap();
+    let out = check_config_with_fd3(&s, &fuse);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        errors(&out)
+            .iter()
+            .any(|l| l.contains("not a live FUSE connection")),
+        "{:#?}",
+        errors(&out)
+    );
+    // The same fd once mounted with fd=N, as the node driver does: accepted.
+    use std::os::fd::AsRawFd;
+    let mnt = std::path::PathBuf::from(s.p("mnt"));
+    nix::mount::mount(
+        Some("check-config-test"),
+        &mnt,
+        Some("fuse"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(
+            format!(
+                "fd={},rootmode=40000,user_id=0,group_id=0",
+                fuse.as_raw_fd()
+            )
+            .as_str(),
+        ),
+    )
+    .unwrap();
+    // Detached even when an assertion below fails (nothing ever answers this mount).
+    struct Detach(std::path::PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _detach = Detach(mnt);
+    let out = check_config_with_fd3(&s, &fuse);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `drainfs relay --check-config -- gcsfuse bucket /dev/fd/3` with `fuse` as its fd 3.
+fn check_config_with_fd3(s: &Scratch, fuse: &std::fs::File) -> Output {
+    use std::os::fd::AsRawFd;
     let mut cmd = Command::new(bin("drainfs"));
     cmd.args([
         "relay",
@@ -217,7 +266,6 @@ fn relay_check_config_checks_the_daemon_and_the_connection() {
         "bucket",
         "/dev/fd/3",
     ]);
-    use std::os::fd::AsRawFd;
     let raw = fuse.as_raw_fd();
     // SAFETY: dup2 in the child before exec, on an fd the parent keeps open.
     unsafe {
@@ -230,13 +278,7 @@ fn relay_check_config_checks_the_daemon_and_the_connection() {
             Ok(())
         });
     }
-    let out = cmd.output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cmd.output().unwrap()
 }
 
 #[test]
