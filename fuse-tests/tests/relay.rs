@@ -669,6 +669,71 @@ fn a_relay_killed_while_draining_leaves_a_provisional_summary_naming_the_file() 
     s.assert_nothing_left();
 }
 
+/// Two relays of one pod (one per volume) share the termination log and are SIGTERMed at
+/// once, as GKE's sidecar mounter does: A is idle and stops clean at once, B's close is
+/// uploading. While B stops, and after it is SIGKILLed mid-drain, the file must name B's
+/// unfinished stop, whatever order the two wrote in (a newcomer saw "clean" in it for 4.5 s
+/// while B cut off a file).
+#[test]
+fn two_relays_sharing_a_termination_log_never_leave_it_clean_while_one_is_stuck() {
+    let (_d, tlog) = termination_log();
+    let tl = tlog.display().to_string();
+    let mut a = Sidecar::start(
+        Daemon::Bucketfs(Vec::new()),
+        Via::Relay(vec!["--termination-log".into(), tl.clone()]),
+    );
+    let mut b = Sidecar::start(
+        Daemon::Bucketfs(vec!["--upload-delay".into(), "60s".into()]),
+        Via::Relay(vec![
+            "--grace-period".into(),
+            "60s".into(),
+            "--termination-log".into(),
+            tl,
+        ]),
+    );
+    write_file(&a.path("done.txt"), b"done").unwrap();
+    wait_idle(&a, Duration::from_secs(5));
+    let closer = close_while_uploading(&b, "stuck.bin");
+    let (pa, pb) = (a.sidecar_pid(), b.sidecar_pid());
+    for pid in [pa, pb] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
+    let ea = a.wait(Duration::from_secs(15));
+    assert_eq!(ea.code, Some(0), "{ea}");
+    // A has exited clean; B is still stopping: the file shows B's provisional summary (at
+    // most REASSERT_EVERY after A's clean one, if A's replaced it).
+    let shows_b = |v: &serde_json::Value| {
+        v["outcome"] == "stopping"
+            && v["pid"] == pb
+            && v["open_paths"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|p| p.as_str().unwrap().ends_with("stuck.bin")))
+    };
+    let v = fuse_tests::wait::wait_for(Duration::from_secs(5), || {
+        let v = read_json(&tlog);
+        shows_b(&v).then_some(v)
+    });
+    assert!(v.is_some(), "A exited, B stopping: {:#}", read_json(&tlog));
+    // The kubelet's SIGKILL (a native sidecar's 2 s) ends B mid-drain; the file must still
+    // say so.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pb),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let eb = b.wait(Duration::from_secs(20));
+    assert_eq!(eb.signal.as_deref(), Some("SIGKILL"), "{eb}");
+    assert!(closer.join().unwrap().is_err());
+    let v = read_json(&tlog);
+    assert!(shows_b(&v), "after B's SIGKILL: {v:#}");
+    a.assert_nothing_left();
+    b.assert_nothing_left();
+}
+
 #[test]
 fn overlay_stop_is_fast_and_keeps_data() {
     let mut s = Sidecar::start(Daemon::Overlay, relay());
