@@ -658,6 +658,16 @@ mod tests {
         }
     }
 
+    /// [`summary`] written by process `pid`, provisional (`stopping`) or not.
+    fn of(pid: u32, code: i32, stopping: bool, open: &[&str]) -> Summary {
+        let mut s = summary(code, open);
+        s.pid = pid;
+        if stopping {
+            s.outcome = STOPPING;
+        }
+        s
+    }
+
     #[test]
     fn a_clean_summary_never_hides_an_incomplete_one_in_the_termination_log() {
         let dir = tempfile::tempdir().unwrap();
@@ -700,14 +710,6 @@ mod tests {
         let p = dir.path().join("termination-log");
         let read = || -> serde_json::Value {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-        };
-        let of = |pid: u32, code: i32, stopping: bool, open: &[&str]| {
-            let mut s = summary(code, open);
-            s.pid = pid;
-            if stopping {
-                s.outcome = STOPPING;
-            }
-            s
         };
         // One writer: provisional, a later provisional, then its clean final.
         write_termination_log(&p, &of(7, 75, true, &["/a"])).unwrap();
@@ -820,14 +822,6 @@ mod tests {
         let read = || -> serde_json::Value {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_default())
                 .unwrap_or_default()
-        };
-        let of = |pid: u32, code: i32, stopping: bool, open: &[&str]| {
-            let mut s = summary(code, open);
-            s.pid = pid;
-            if stopping {
-                s.outcome = STOPPING;
-            }
-            s
         };
         let a = ProvisionalLog::start(p.clone());
         a.put(of(8, 75, true, &["/stuck.bin"]));

@@ -563,6 +563,20 @@ fn close_while_uploading(s: &Sidecar, rel: &str) -> std::thread::JoinHandle<Resu
     closer
 }
 
+/// bucketfs taking `upload_delay` per upload, behind a relay with `--grace-period grace` and
+/// `--termination-log tlog`.
+fn slow_relay(upload_delay: &str, grace: &str, tlog: &Path) -> Sidecar {
+    Sidecar::start(
+        Daemon::Bucketfs(vec!["--upload-delay".into(), upload_delay.into()]),
+        Via::Relay(vec![
+            "--grace-period".into(),
+            grace.into(),
+            "--termination-log".into(),
+            tlog.display().to_string(),
+        ]),
+    )
+}
+
 /// While the relay drains, its termination log holds a provisional summary (`stopping`,
 /// exit_code 75, the file whose close is uploading named); the relay's final summary replaces
 /// it when the drain ends.
@@ -570,15 +584,7 @@ fn close_while_uploading(s: &Sidecar, rel: &str) -> std::thread::JoinHandle<Resu
 fn a_relay_keeps_a_provisional_summary_while_it_drains_and_replaces_it_at_its_exit() {
     let (_d, tlog) = termination_log();
     // The upload takes 4 s, inside the relay's deadline (30 s): the drain ends by itself.
-    let mut s = Sidecar::start(
-        Daemon::Bucketfs(vec!["--upload-delay".into(), "4s".into()]),
-        Via::Relay(vec![
-            "--grace-period".into(),
-            "30s".into(),
-            "--termination-log".into(),
-            tlog.display().to_string(),
-        ]),
-    );
+    let mut s = slow_relay("4s", "30s", &tlog);
     let closer = close_while_uploading(&s, "slow.bin");
     let relay_pid = s.sidecar_pid();
     nix::sys::signal::kill(
@@ -622,15 +628,7 @@ fn a_relay_keeps_a_provisional_summary_while_it_drains_and_replaces_it_at_its_ex
 #[test]
 fn a_relay_killed_while_draining_leaves_a_provisional_summary_naming_the_file() {
     let (_d, tlog) = termination_log();
-    let mut s = Sidecar::start(
-        Daemon::Bucketfs(vec!["--upload-delay".into(), "60s".into()]),
-        Via::Relay(vec![
-            "--grace-period".into(),
-            "60s".into(),
-            "--termination-log".into(),
-            tlog.display().to_string(),
-        ]),
-    );
+    let mut s = slow_relay("60s", "60s", &tlog);
     let closer = close_while_uploading(&s, "stuck.bin");
     let relay_pid = s.sidecar_pid();
     let e = s.stop(Duration::from_secs(20));
@@ -677,20 +675,11 @@ fn a_relay_killed_while_draining_leaves_a_provisional_summary_naming_the_file() 
 #[test]
 fn two_relays_sharing_a_termination_log_never_leave_it_clean_while_one_is_stuck() {
     let (_d, tlog) = termination_log();
-    let tl = tlog.display().to_string();
     let mut a = Sidecar::start(
         Daemon::Bucketfs(Vec::new()),
-        Via::Relay(vec!["--termination-log".into(), tl.clone()]),
+        Via::Relay(vec!["--termination-log".into(), tlog.display().to_string()]),
     );
-    let mut b = Sidecar::start(
-        Daemon::Bucketfs(vec!["--upload-delay".into(), "60s".into()]),
-        Via::Relay(vec![
-            "--grace-period".into(),
-            "60s".into(),
-            "--termination-log".into(),
-            tl,
-        ]),
-    );
+    let mut b = slow_relay("60s", "60s", &tlog);
     write_file(&a.path("done.txt"), b"done").unwrap();
     wait_idle(&a, Duration::from_secs(5));
     let closer = close_while_uploading(&b, "stuck.bin");

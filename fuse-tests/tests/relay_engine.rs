@@ -296,6 +296,23 @@ fn within<T: Send + 'static>(t: Duration, f: impl FnOnce() -> T + Send + 'static
     rx.recv_timeout(t).ok()
 }
 
+/// `drainfs relay --socket-buffer 212992 EXTRA` on the connection `fd` (mounted in `dir`),
+/// with a "daemon" that never reads its socket (nor exits on EOF).
+fn relay_over_a_silent_daemon(dir: tempfile::TempDir, fd: i32, extra: &[&str]) -> RelayMount {
+    let mut cmd = Command::new(bin("drainfs"));
+    cmd.args(["relay", "--socket-buffer", "212992"])
+        .args(extra)
+        .arg("--summary-file")
+        .arg(dir.path().join("summary.json"))
+        .args(["--", "sh", "-c", "sleep 30", "sh"])
+        .arg(format!("/dev/fd/{fd}"))
+        .stdin(Stdio::null());
+    RelayMount {
+        drainfs: Proc::spawn(cmd),
+        dir,
+    }
+}
+
 #[test]
 fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
     let dir = tempfile::tempdir().unwrap();
@@ -317,23 +334,7 @@ fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
     )
     .unwrap();
     // A "daemon" that never reads its socket (nor exits on EOF).
-    let mut cmd = Command::new(bin("drainfs"));
-    cmd.args([
-        "relay",
-        "--socket-buffer",
-        "212992",
-        "--init-timeout",
-        "300ms",
-    ])
-    .arg("--summary-file")
-    .arg(dir.path().join("summary.json"))
-    .args(["--", "sh", "-c", "sleep 30", "sh"])
-    .arg(format!("/dev/fd/{n}"))
-    .stdin(Stdio::null());
-    let mut m = RelayMount {
-        drainfs: Proc::spawn(cmd),
-        dir,
-    };
+    let mut m = relay_over_a_silent_daemon(dir, n, &["--init-timeout", "300ms"]);
     drop(fuse);
     let t = Instant::now();
     let st = m.wait_exit(Duration::from_secs(5));
@@ -361,18 +362,8 @@ fn a_stop_before_the_daemon_answered_init_is_not_incomplete() {
     std::fs::create_dir(&mnt).unwrap();
     let fuse = mount_fd(&mnt);
     let n = fuse.as_raw_fd();
-    // A "daemon" that never reads its socket (nor exits on EOF); INIT waits 30 s by default.
-    let mut cmd = Command::new(bin("drainfs"));
-    cmd.args(["relay", "--socket-buffer", "212992", "--grace-period", "2s"])
-        .arg("--summary-file")
-        .arg(dir.path().join("summary.json"))
-        .args(["--", "sh", "-c", "sleep 30", "sh"])
-        .arg(format!("/dev/fd/{n}"))
-        .stdin(Stdio::null());
-    let mut m = RelayMount {
-        drainfs: Proc::spawn(cmd),
-        dir,
-    };
+    // INIT waits 30 s by default.
+    let mut m = relay_over_a_silent_daemon(dir, n, &["--grace-period", "2s"]);
     drop(fuse);
     std::thread::sleep(Duration::from_millis(300));
     m.drainfs.signal(Signal::SIGTERM);

@@ -44,7 +44,7 @@ pub(super) struct Executor {
     pub(super) record: Record,
     /// The last provisional summary handed to the termination log's writer: when, and the
     /// state it showed ([`super::serve`]).
-    pub(super) provisional: Option<(Instant, String)>,
+    pub(super) provisional: Option<(Instant, super::serve::ProvisionalKey)>,
     /// The termination log's writer of provisional summaries, once one was written.
     pub(super) provisional_log: Option<summary::ProvisionalLog>,
 }

@@ -27,6 +27,10 @@ use crate::{procs, summary};
 /// How many open files and admitted opens a forced teardown names in the summary.
 const OPEN_PATHS_CAP: usize = 100;
 
+/// What a provisional summary shows that can change while stopping: what is outstanding,
+/// the phase, the force.
+pub(super) type ProvisionalKey = (Outstanding, Phase, Option<Forced>);
+
 /// The shortest time between two provisional summaries.
 const PROVISIONAL_EVERY: Duration = Duration::from_millis(250);
 
@@ -108,12 +112,8 @@ impl Executor {
 
     /// What a provisional summary shows that can change while stopping: `out`, the phase, the
     /// force.
-    fn provisional_key(&self, out: Outstanding) -> String {
-        format!(
-            "{out:?} {:?} {:?}",
-            self.machine.phase(),
-            self.machine.forced()
-        )
+    fn provisional_key(&self, out: Outstanding) -> ProvisionalKey {
+        (out, self.machine.phase(), self.machine.forced())
     }
 
     /// Hands a provisional summary to the termination log's writer (if there is a log; the

@@ -155,25 +155,23 @@ impl Harness {
         &self,
         f: impl Fn(&crate::relay::inflight::Counters) -> bool,
     ) -> crate::relay::inflight::Counters {
-        let deadline = Instant::now() + T;
-        loop {
-            let c = self.relay.counters();
-            if f(&c) || Instant::now() > deadline {
-                return c;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        settle(|| self.relay.counters(), f)
     }
 
     pub(super) fn wait_outstanding(&self, f: impl Fn(&Outstanding) -> bool) -> Outstanding {
-        let deadline = Instant::now() + T;
-        loop {
-            let o = self.relay.outstanding();
-            if f(&o) || Instant::now() > deadline {
-                return o;
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        settle(|| self.relay.outstanding(), f)
+    }
+}
+
+/// `read()` once `f` holds of it, or after `T` whatever it is.
+fn settle<V>(read: impl Fn() -> V, f: impl Fn(&V) -> bool) -> V {
+    let deadline = Instant::now() + T;
+    loop {
+        let v = read();
+        if f(&v) || Instant::now() > deadline {
+            return v;
         }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
