@@ -24,6 +24,10 @@ use crate::drain::{
 use crate::fs::Admission;
 use crate::summary::{self, Record};
 
+/// What a provisional summary shows that can change while stopping ([`super::serve`]): what
+/// is outstanding, the phase, the force.
+pub(super) type ProvisionalKey = (crate::accounting::Outstanding, Phase, Option<Forced>);
+
 /// The lifecycle's executor: the machine, what it acts on, and what it recorded.
 pub(super) struct Executor {
     /// The run's configuration (paths absolute).
@@ -44,7 +48,7 @@ pub(super) struct Executor {
     pub(super) record: Record,
     /// The last provisional summary handed to the termination log's writer: when, and the
     /// state it showed ([`super::serve`]).
-    pub(super) provisional: Option<(Instant, super::serve::ProvisionalKey)>,
+    pub(super) provisional: Option<(Instant, ProvisionalKey)>,
     /// The termination log's writer of provisional summaries, once one was written.
     pub(super) provisional_log: Option<summary::ProvisionalLog>,
 }

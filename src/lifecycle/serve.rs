@@ -19,17 +19,13 @@ use std::time::{Duration, Instant};
 
 use super::Event;
 use super::data_path::{DataPath, PathEvent};
-use super::executor::Executor;
+use super::executor::{Executor, ProvisionalKey};
 use crate::accounting::{Accounting, Outstanding};
 use crate::drain::{Cause, DoorReason, Ending, ExitCode, Forced, Observation, Phase, Step};
 use crate::{procs, summary};
 
 /// How many open files and admitted opens a forced teardown names in the summary.
 const OPEN_PATHS_CAP: usize = 100;
-
-/// What a provisional summary shows that can change while stopping: what is outstanding,
-/// the phase, the force.
-pub(super) type ProvisionalKey = (Outstanding, Phase, Option<Forced>);
 
 /// The shortest time between two provisional summaries.
 const PROVISIONAL_EVERY: Duration = Duration::from_millis(250);
