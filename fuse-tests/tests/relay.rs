@@ -938,7 +938,10 @@ fn a_daemon_that_refuses_init_is_a_failed_start() {
 /// Issue 17.1: the daemon sends NOTIFY_INVAL_INODE while the READ of that inode is in flight
 /// (the kernel holds the notification until the READ's folio is unlocked) and
 /// NOTIFY_INVAL_ENTRY while a LOOKUP in that directory is in flight. The replies still come
-/// through, the kernel takes the notifications, and the stop is clean.
+/// through, the kernel takes the notifications, and the stop is clean. (Issue 36: a daemon
+/// that invalidated the inode on every READ made a loop of the kernel's, with or without the
+/// relay: the reader lost the pages before it copied them and read again; under load one
+/// 256 KiB read took 20-30 s and dozens of READs. bucketfs now notifies once per key.)
 #[test]
 fn notifications_while_their_request_is_in_flight_never_wedge_the_relay() {
     let mut s = Sidecar::start(
@@ -980,12 +983,10 @@ fn notifications_while_their_request_is_in_flight_never_wedge_the_relay() {
         );
     }
     let status = wait_idle(&s, Duration::from_secs(10));
-    // One per READ (readahead may split the file) and per LOOKUP, all taken by the kernel.
+    // One per key (bucketfs notifies on the first READ of the file and the first LOOKUP of
+    // the name), all taken by the kernel.
     let counts = &status["relay"]["counts"];
-    assert!(
-        counts["notifications"].as_u64().is_some_and(|n| n >= 2),
-        "{status:#}"
-    );
+    assert_eq!(counts["notifications"], 2, "{status:#}");
     assert_eq!(counts["notifications_dropped"], 0, "{status:#}");
     let e = s.stop(Duration::from_secs(15));
     assert_eq!(e.code, Some(0), "{e}");

@@ -42,7 +42,8 @@
 //! - **Daemon-side edges for the relay's tests**: `--notify-on-read SUBSTR` and
 //!   `--notify-on-lookup SUBSTR` send `NOTIFY_INVAL_INODE` / `NOTIFY_INVAL_ENTRY` from a
 //!   thread of their own while the READ / LOOKUP that prompted them is still pending (answered
-//!   `--notify-lead` later), as jacobsa/fuse daemons do from their notifier goroutine;
+//!   `--notify-lead` later), as jacobsa/fuse daemons do from their notifier goroutine, once
+//!   per key;
 //!   `--open-enosys` answers OPEN with ENOSYS (the kernel's no-open mode);
 //!   `--oversized-read SUBSTR` answers READs one byte longer than asked, a reply the kernel
 //!   refuses with EINVAL (after failing the READ with EIO itself).
@@ -160,14 +161,14 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
 
-    /// Reads of keys containing SUBSTR: another thread sends NOTIFY_INVAL_INODE for the
-    /// inode (all its pages), and the READ is answered `--notify-lead` later, while the
+    /// The first READ of a key containing SUBSTR: another thread sends NOTIFY_INVAL_INODE for
+    /// the inode (all its pages), and the READ is answered `--notify-lead` later, while the
     /// notification may be waiting for the folio that READ holds.
     #[arg(long, value_name = "SUBSTR")]
     notify_on_read: Option<String>,
 
-    /// LOOKUPs of names containing SUBSTR: another thread sends NOTIFY_INVAL_ENTRY for the
-    /// name, and the LOOKUP is answered `--notify-lead` later, while the notification may be
+    /// The first LOOKUP of a name containing SUBSTR: another thread sends NOTIFY_INVAL_ENTRY for
+    /// the name, and the LOOKUP is answered `--notify-lead` later, while the notification may be
     /// waiting for the directory that LOOKUP holds.
     #[arg(long, value_name = "SUBSTR")]
     notify_on_lookup: Option<String>,
@@ -394,6 +395,8 @@ struct BucketFs {
     refuse_init: bool,
     /// `--notify-on-read`, `--notify-on-lookup`, `--notify-lead`.
     notify: NotifyPolicy,
+    /// The (kind, key) pairs a notification was sent for: each is sent once.
+    notified: Mutex<std::collections::HashSet<(&'static str, String)>>,
     /// The session's notifier, once the session exists.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// `--open-enosys`.
@@ -548,6 +551,7 @@ impl BucketFs {
             next_tmp: AtomicU64::new(1),
             refuse_init: false,
             notify: NotifyPolicy::default(),
+            notified: Mutex::new(std::collections::HashSet::new()),
             notifier: Arc::new(std::sync::OnceLock::new()),
             open_enosys: false,
             rename_new_inode: false,
@@ -557,13 +561,19 @@ impl BucketFs {
 
     /// Sends a notification from a thread of its own (logging `notify_sent` with its result
     /// once the kernel took it), then waits `--notify-lead` so that it reaches the connection
-    /// before the reply of the request that prompted it.
+    /// before the reply of the request that prompted it. Once per (`what`, `key`): a READ that
+    /// invalidated its own inode's pages on every call would make a loop of the kernel's
+    /// (the reader loses the pages before it copies them, reads again, and the new READ
+    /// invalidates them again), which under load kept a 256 KiB read going for 30 s.
     fn notify_then_wait(
         &self,
         what: &'static str,
         key: String,
         send: impl FnOnce(&fuser::Notifier) -> io::Result<()> + Send + 'static,
     ) {
+        if !self.notified.lock().insert((what, key.clone())) {
+            return;
+        }
         let Some(n) = self.notifier.get().cloned() else {
             return;
         };
