@@ -48,6 +48,28 @@ fi
 fuse_mounts() { awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | sort; }
 mounts_before=$(fuse_mounts)
 
+# The relay tests run the workspace's binaries as the sidecar's uid 65534, which cannot reach
+# into a checkout under a 0700 directory (root's home on Debian). There, target/ becomes a link
+# to a directory it can reach (the tests find the binaries by their resolved path); a target/
+# built before is moved there, not rebuilt.
+as_sidecar_uid() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
+if ! as_sidecar_uid test -x "$PWD"; then
+  target_dir="/var/tmp/drainfs-target-$(printf %s "$PWD" | sha256sum | cut -c1-16)"
+  if [[ ! -L target ]]; then
+    rm -rf "$target_dir"
+    if [[ -d target ]]; then mv target "$target_dir"; else mkdir -p "$target_dir"; fi
+    ln -s "$target_dir" target
+  fi
+  mkdir -p "$target_dir"
+  chmod 0755 "$target_dir"
+  if ! as_sidecar_uid test -x "$(readlink -f target)"; then
+    echo "scripts/test.sh: uid 65534 (the sidecar's) cannot reach $(readlink -f target);" \
+      "the relay tests run drainfs as that uid: clone the project where it can" >&2
+    exit 2
+  fi
+  echo "note: uid 65534 cannot reach $PWD, so target/ -> $target_dir"
+fi
+
 step "real peers and lowers (gcsfuse, the GKE sidecar mounter, fake-gcs-server, rclone, s3fs + moto)"
 bash scripts/install-lowers.sh
 
