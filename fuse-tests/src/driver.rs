@@ -168,14 +168,14 @@ impl NodeDriver {
             return e.clone();
         }
         let status = self.proc.wait_exit(timeout, "fake-node-driver");
-        // The stdout reader may lag behind the exit by a moment.
+        // The stdout reader may lag behind the exit by a moment (longer on a loaded machine).
         let exit_line = |lines: &[String]| {
             lines
                 .iter()
                 .find(|l| l.starts_with("sidecar exit: "))
                 .cloned()
         };
-        let line = wait_for(Duration::from_secs(2), || {
+        let line = wait_for(Duration::from_secs(10), || {
             exit_line(&self.proc.stdout_lines())
         })
         .unwrap_or_else(|| {
@@ -199,7 +199,8 @@ impl NodeDriver {
     }
 
     /// Asserts that nothing is left: no mount at the mount point, and no process recorded
-    /// by [`NodeDriver::note_chain`] (not even as a zombie; each gets 2 s).
+    /// by [`NodeDriver::note_chain`] (not even as a zombie; each gets 10 s: gone at once when
+    /// idle, and only a loaded machine's late reaping needs more than milliseconds).
     pub fn assert_gone(&self) {
         assert!(
             !is_mounted(&self.mnt),
@@ -207,7 +208,7 @@ impl NodeDriver {
             self.mnt.display()
         );
         for &pid in &self.pids {
-            let gone = wait_until(Duration::from_secs(2), || !pid_exists(pid));
+            let gone = wait_until(Duration::from_secs(10), || !pid_exists(pid));
             assert!(
                 gone,
                 "process {pid} is still there: {:?} {:?}",

@@ -171,7 +171,7 @@ impl Container {
         let mut parked = Proc::spawn(cmd);
         let target = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
         let pid = parked.pid();
-        let inside = wait_until(Duration::from_secs(5), || {
+        let inside = wait_until(Duration::from_secs(15), || {
             std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
                 .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
                 .ok()

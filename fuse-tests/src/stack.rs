@@ -181,7 +181,8 @@ impl Stack {
         assert!(!is_mounted(&self.m.mnt), "drainfs's mount left behind");
         assert!(!is_mounted(&self.m.lower), "the lower's mount left behind");
         assert!(
-            wait_until(Duration::from_secs(2), || !pid_alive(self.lower_pid)),
+            // At once when idle; 10 s for a loaded machine's late exit and reaping.
+            wait_until(Duration::from_secs(10), || !pid_alive(self.lower_pid)),
             "the FUSE client (pid {}) is still running",
             self.lower_pid
         );

@@ -327,8 +327,10 @@ fn a_lazy_unmount_still_lets_the_lower_stop_cleanly(mode: &str) {
     let _ = holder.kill();
     let _ = holder.wait();
     assert_eq!(code, 0, "{}", s.m.proc.stderr_text());
+    // Quick when idle (well under a second); stuck on the lazy detach, it would wait for the
+    // lower until its budget near the 30 s grace period. Loose for a loaded machine.
     assert!(
-        took < Duration::from_secs(4),
+        took < Duration::from_secs(10),
         "drainfs took {took:?} to exit"
     );
     let ev = read_events(&s.events);
@@ -360,6 +362,10 @@ extern "C" fn ignore_signal(_: libc::c_int) {}
 
 /// A process blocked in `close()` on a slow upload gets signals (each interrupts the FLUSH,
 /// which the kernel then forwards as FUSE_INTERRUPT). Nothing fails, so no ERROR line.
+///
+/// The signals go once the upload has started (the lower's event log), not after a fixed
+/// 200 ms; and SIGUSR1 is blocked across the fork until the child's handler is in place, so
+/// that a child a loaded machine runs late is not killed by a signal that came first.
 fn an_interrupted_close_logs_no_error(mode: &str) {
     let mut s = fuse_tests::harness::over_bucketfs(
         &["--passthrough", mode, "--log-format", "json"],
@@ -367,6 +373,15 @@ fn an_interrupted_close_logs_no_error(mode: &str) {
         true,
     );
     let p = cpath(&s.m.path("slow"));
+    let mut usr1 = nix::sys::signal::SigSet::empty();
+    usr1.add(nix::sys::signal::Signal::SIGUSR1);
+    let mut old_mask = nix::sys::signal::SigSet::empty();
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&usr1),
+        Some(&mut old_mask),
+    )
+    .unwrap();
     // SAFETY: the child makes raw syscalls on data prepared before the fork and leaves with
     // _exit.
     let pid = unsafe { libc::fork() };
@@ -376,6 +391,10 @@ fn an_interrupted_close_logs_no_error(mode: &str) {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = ignore_signal as *const () as usize;
             libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+            let mut unblock: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut unblock);
+            libc::sigaddset(&mut unblock, libc::SIGUSR1);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut());
             let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
             if fd < 0 {
                 libc::_exit(10);
@@ -386,11 +405,31 @@ fn an_interrupted_close_logs_no_error(mode: &str) {
             libc::_exit(if libc::close(fd) == 0 { 0 } else { 12 });
         }
     }
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&old_mask),
+        None,
+    )
+    .unwrap();
     assert!(pid > 0);
+    let uploading = fuse_tests::harness::wait_until(Duration::from_secs(10), || {
+        read_events(&s.events)
+            .iter()
+            .any(|e| e.is("upload_start", "slow"))
+    });
+    if !uploading {
+        // SAFETY: our own child, then waited for.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        panic!("the close's FLUSH never reached the lower");
+    }
+    // Inside the 1.5 s upload: five signals, 200 ms apart.
     for _ in 0..5 {
-        std::thread::sleep(Duration::from_millis(200));
         // SAFETY: signals our own child.
         unsafe { libc::kill(pid, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(200));
     }
     let mut status = 0;
     // SAFETY: waits for our own child.
@@ -436,7 +475,9 @@ fn probes_do_not_restart_the_quiet_period(mode: &str) {
     let t0 = Instant::now();
     m.proc.signal(nix::sys::signal::Signal::SIGTERM);
     let mut exited = None;
-    while t0.elapsed() < Duration::from_secs(6) {
+    // Probed for 12 s: with the probes restarting the quiet period, drainfs would still be
+    // serving at the end.
+    while t0.elapsed() < Duration::from_secs(12) {
         live(&agent);
         if let Some(st) = m.proc.wait_timeout(Duration::from_millis(50)) {
             exited = Some(st);
@@ -446,8 +487,9 @@ fn probes_do_not_restart_the_quiet_period(mode: &str) {
     let took = t0.elapsed();
     let st = exited.unwrap_or_else(|| panic!("drainfs still running after {took:?}"));
     assert_eq!(st.code(), Some(0));
+    // About 1 s when idle; the bound is loose so that a loaded machine does not fail it.
     assert!(
-        took < Duration::from_millis(2500),
+        took < Duration::from_secs(6),
         "quiet period 1s, drainfs exited after {took:?}"
     );
 }

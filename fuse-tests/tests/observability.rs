@@ -128,11 +128,14 @@ fn probes_flip_at_the_right_moments() {
     // Draining: ready turns false at once, while the mount still serves an open handle.
     let mut f = std::fs::File::create(m.path("held")).unwrap();
     assert_eq!(post(&base, "/drain"), 200);
-    assert!(wait_until(Duration::from_secs(2), || get(&base, "/readyz")
-        .0
-        == 503));
+    // At once when idle; the waits are loose for a loaded machine (the held file keeps the
+    // mount serving meanwhile).
+    assert!(wait_until(Duration::from_secs(10), || get(
+        &base, "/readyz"
+    )
+    .0 == 503));
     assert!(
-        wait_until(Duration::from_secs(2), || !ready.exists()),
+        wait_until(Duration::from_secs(10), || !ready.exists()),
         "ready file removed when draining begins"
     );
     assert_eq!(get(&base, "/startupz").0, 200);
@@ -221,11 +224,15 @@ fn metrics_parse_and_count_what_the_test_did() {
     assert_eq!(delta(r#"drainfs_request_errors_total{op="rmdir"}"#), 1.0);
     assert_eq!(delta(r#"drainfs_handles_opened_total{mode="write"}"#), 7.0);
     assert_eq!(delta(r#"drainfs_handles_opened_total{mode="read"}"#), 4.0);
-    assert_eq!(
-        delta(r#"drainfs_requests_total{op="flush"}"#),
-        10.0,
-        "one FLUSH per close: the 7 written files and the 3 read-only opens drainfs serves \
-         (`never`; a passthrough read-only open needs none)"
+    // One FLUSH per close: the 7 written files and the 3 read-only opens drainfs serves
+    // (`never`; a passthrough read-only open needs none). At least 10, not exactly: the kernel
+    // sends a FLUSH for every close of an fd, and a child that another test thread forks while
+    // one of these files is open closes its copy of the fd at exec (O_CLOEXEC), which is a
+    // FLUSH of its own (seen under load: 11).
+    let flushes = delta(r#"drainfs_requests_total{op="flush"}"#);
+    assert!(
+        (10.0..=20.0).contains(&flushes),
+        "one FLUSH per close (10), plus at most one per close of a forked copy: {flushes}"
     );
     assert_eq!(delta(r#"drainfs_written_bytes_total{}"#), 7000.0);
     assert_eq!(delta(r#"drainfs_read_bytes_total{}"#), 3000.0);
@@ -233,9 +240,10 @@ fn metrics_parse_and_count_what_the_test_did() {
     assert_eq!(metric(&after, r#"drainfs_open_handles{mode="write"}"#), 0.0);
     assert_eq!(metric(&after, r#"drainfs_phase{phase="serving"}"#), 1.0);
     assert_eq!(metric(&after, r#"drainfs_lower_up{}"#), 1.0);
+    // Every FLUSH drainfs served flushed the lower once.
     assert_eq!(
         delta(r#"drainfs_lower_flush_duration_seconds_count{}"#),
-        10.0
+        flushes
     );
     assert!(
         metric(

@@ -247,11 +247,18 @@ fn append_from_two_processes(m: &Mounted, name: &str) -> usize {
                 .collect()
         })
         .collect();
-    // Both children wait on this pipe until the parent closes its write end.
-    let mut fds = [0; 2];
-    // SAFETY: valid out-array for two fds.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let (go_r, go_w) = (fds[0], fds[1]);
+    // Each child opens the file, says so on `ready`, and waits for its byte on `go`; the
+    // parent sends both bytes once both children are ready. (A fixed 100 ms for the children
+    // to reach the barrier is outrun by a loaded machine, and a start signal by EOF waited for
+    // every copy of the write end, which a process forked meanwhile by another test thread
+    // also held: the pipes are close-on-exec.)
+    let mut fds = [0; 4];
+    // SAFETY: valid out-arrays for two fds each.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        assert_eq!(libc::pipe2(fds.as_mut_ptr().add(2), libc::O_CLOEXEC), 0);
+    }
+    let (go_r, go_w, ready_r, ready_w) = (fds[0], fds[1], fds[2], fds[3]);
     std::thread::scope(|s| {
         let children: Vec<_> = (0..2)
             .map(|p| {
@@ -260,12 +267,16 @@ fn append_from_two_processes(m: &Mounted, name: &str) -> usize {
                     // SAFETY: raw syscalls on fds and NUL-terminated paths prepared before the fork;
                     // the buffers are locals valid for their lengths.
                     in_child(None, || unsafe {
-                        libc::close(go_w);
-                        let mut b = 0u8;
-                        libc::read(go_r, (&mut b as *mut u8).cast(), 1);
                         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_APPEND);
+                        let open_errno = last_errno();
+                        let b = 1u8;
+                        libc::write(ready_w, (&b as *const u8).cast(), 1);
                         if fd < 0 {
-                            return last_errno();
+                            return open_errno;
+                        }
+                        let mut b = 0u8;
+                        if libc::read(go_r, (&mut b as *mut u8).cast(), 1) != 1 {
+                            return 202;
                         }
                         for l in lines {
                             if libc::write(fd, l.as_ptr().cast(), l.len()) != l.len() as isize {
@@ -281,14 +292,40 @@ fn append_from_two_processes(m: &Mounted, name: &str) -> usize {
                 })
             })
             .collect();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        // SAFETY: our own pipe fds, closed once.
-        unsafe {
-            libc::close(go_w);
-            libc::close(go_r);
+        // Both ready (each writes its byte, opened or not), then both go.
+        let mut ready = 0;
+        while ready < 2 {
+            let mut pfd = libc::pollfd {
+                fd: ready_r,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, 30_000) };
+            assert!(
+                n > 0 || last_errno() == libc::EINTR,
+                "the children never got ready"
+            );
+            if n > 0 {
+                let mut buf = [0u8; 2];
+                // SAFETY: our own pipe, into a local buffer of its length.
+                let r = unsafe { libc::read(ready_r, buf.as_mut_ptr().cast(), 2 - ready) };
+                assert!(r > 0, "ready pipe: {}", std::io::Error::last_os_error());
+                ready += r as usize;
+            }
         }
-        for (p, c) in children.into_iter().enumerate() {
-            assert_eq!(c.join().unwrap(), 0, "process {p}");
+        let go = [1u8; 2];
+        // SAFETY: our own pipe, from a local buffer of its length.
+        assert_eq!(unsafe { libc::write(go_w, go.as_ptr().cast(), 2) }, 2);
+        let codes: Vec<i32> = children.into_iter().map(|c| c.join().unwrap()).collect();
+        // SAFETY: our own pipe fds, closed once, after both children have exited.
+        unsafe {
+            for fd in fds {
+                libc::close(fd);
+            }
+        }
+        for (p, c) in codes.into_iter().enumerate() {
+            assert_eq!(c, 0, "process {p}");
         }
     });
 

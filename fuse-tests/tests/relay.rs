@@ -182,6 +182,19 @@ fn wait_idle(s: &Sidecar, timeout: Duration) -> serde_json::Value {
     last
 }
 
+/// Waits until the relay's `/status` has a READ in flight (in the daemon's slow read): the
+/// state a signal or a kill must find, which a fixed sleep after starting the reader only
+/// guesses (a loaded machine can start the reader later).
+fn wait_read_in_flight(s: &Sidecar) {
+    let reading = wait_until(Duration::from_secs(10), || {
+        s.status()["in_flight_by_op"].as_array().is_some_and(|ops| {
+            ops.iter()
+                .any(|o| o[0] == "read" && o[1].as_i64() > Some(0))
+        })
+    });
+    assert!(reading, "no READ in flight: {:#}", s.status());
+}
+
 /// Runs `f` on another thread and returns its result, or `None` if it takes longer than
 /// `timeout` (the thread is left behind, blocked).
 fn within<T: Send + 'static>(
@@ -380,7 +393,7 @@ fn interrupts_during_a_slow_read() {
     let mut armed = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut armed).unwrap();
     assert_eq!(armed.trim(), "armed");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_read_in_flight(&s);
     let pid = nix::unistd::Pid::from_raw(reader.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
     let (status, rest) = within(Duration::from_secs(10), move || {
@@ -406,7 +419,7 @@ fn interrupts_during_a_slow_read() {
         });
     }
     let mut cat = cat.spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    wait_read_in_flight(&s);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(cat.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -477,8 +490,9 @@ fn idle_stop_is_fast_and_clean() {
     assert_eq!(e.code, Some(0), "{e}");
     assert!(!e.sigkill_sent, "{e}");
     // Target: under 20 ms from SIGTERM to daemon exit; the bound here leaves room for a loaded
-    // test machine.
-    assert!(e.ms_after_stop.unwrap() < 500, "{e}");
+    // test machine (which runs the driver, the relay and the daemon late, one after the
+    // other: 500 ms was within reach), well short of the driver's SIGKILL at 5 s.
+    assert!(e.ms_after_stop.unwrap() < 2000, "{e}");
     assert!(read_events(&s.events).iter().any(|ev| ev.event == "exit"));
     assert_eq!(fs::read(s.store.join("done.txt")).unwrap(), b"done");
     s.assert_nothing_left();
@@ -503,8 +517,17 @@ fn drain_waits_for_a_slow_flush() {
     })
     .expect("the FLUSH reached the daemon");
     let newfile = s.path("new.txt");
+    let admin = s.admin.clone().expect("the relay's admin server");
+    // The create comes once the door has closed (`/status`), not a fixed 300 ms after the
+    // stop began, which a loaded machine can outrun (the driver's SIGTERM, then the relay's).
     let opener = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
+        let closed = wait_until(Duration::from_secs(10), || {
+            fuse_tests::relay::http_get(&format!("{admin}/status"))
+                .ok()
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .is_some_and(|v| v["phase"] == "door_closed")
+        });
+        assert!(closed, "the door did not close");
         File::create(&newfile)
             .map(|_| ())
             .map_err(|e| errno_name(&e))
@@ -732,7 +755,8 @@ fn overlay_stop_is_fast_and_keeps_data() {
     let e = s.stop(Duration::from_secs(15));
     eprintln!("overlay stop: {e}");
     assert!(!e.sigkill_sent, "{e}");
-    assert!(e.ms_after_stop.unwrap() < 500, "{e}");
+    // As in `idle_stop_is_fast_and_clean`: loose for a loaded machine, short of the 5 s SIGKILL.
+    assert!(e.ms_after_stop.unwrap() < 2000, "{e}");
     // libfuse reads the relay's end-of-stream as a "short read on fuse device" (EIO) and exits
     // 1 (lib/fuse_lowlevel.c); the default --eof-exit-codes 0,1 counts that as a clean stop.
     assert_eq!(e.code, Some(0), "{e}");
@@ -785,7 +809,7 @@ fn daemon_killed_mid_read_fails_fast() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    wait_read_in_flight(&s);
     assert!(
         cat.try_wait().unwrap().is_none(),
         "the read should be blocked"
@@ -833,7 +857,9 @@ fn daemon_killed_mid_read_fails_fast() {
 /// Waits for the sidecar to exit on its own after the kernel side went away; asserts a clean
 /// daemon stop (relay exit 0, bucketfs logged its exit) and nothing left behind.
 fn assert_stops_by_itself(s: &mut Sidecar) {
-    let e = s.wait(Duration::from_secs(5));
+    // Loose (milliseconds when idle) for a loaded machine: a sidecar that does not stop by
+    // itself never does.
+    let e = s.wait(Duration::from_secs(15));
     eprintln!("after the kernel side went away: {e}");
     assert_eq!(
         e.ms_after_stop, None,
@@ -901,7 +927,7 @@ fn connection_abort_with_a_writer_is_incomplete_and_names_the_file() {
     let mut f = fs::File::create(s.path("d/held")).unwrap();
     f.write_all(&[5u8; 100_000]).unwrap();
     Fusectl::abort(&s.mnt);
-    let e = s.wait(Duration::from_secs(5));
+    let e = s.wait(Duration::from_secs(15));
     assert_eq!(e.ms_after_stop, None, "did not stop by itself: {e}");
     assert_eq!(e.code, Some(75), "{e}");
     let summary = read_summary(&s);

@@ -155,11 +155,14 @@ fn relay_serves_data_and_stops_cleanly_on_sigterm() {
 
     let t = Instant::now();
     m.drainfs.signal(Signal::SIGTERM);
-    let st = m.wait_exit(Duration::from_secs(4));
+    let st = m.wait_exit(Duration::from_secs(10));
     let took = t.elapsed();
     assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
+    // Milliseconds when idle; nothing is outstanding, so anything near the deadline (4.5 s)
+    // is a defect. The bound leaves room for a loaded machine, which runs the relay and
+    // bucketfs's exit late.
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "SIGTERM to exit took {took:?}"
     );
     let s = m.summary();
@@ -180,15 +183,37 @@ fn relay_serves_data_and_stops_cleanly_on_sigterm() {
     assert!(s["counts"]["requests"].as_u64().unwrap() > 10, "{s:#}");
 }
 
+/// The trigger waits for the FLUSH to reach the daemon (bucketfs's event log) and the create
+/// for the door to close (`/status`), not for fixed sleeps (400 ms, then 100 ms), which a
+/// loaded machine can outrun. The upload takes 3 s so that the drain still has more than the
+/// 500 ms asserted below to wait when the trigger comes late.
 #[test]
 fn drain_waits_for_a_slow_flush_and_the_door_refuses_new_creates() {
-    let mut m = start(&[], &["--upload-delay", "1500ms"], true);
+    let events = tempfile::NamedTempFile::new().unwrap();
+    let ev = events.path().display().to_string();
+    let addr = format!("127.0.0.1:{}", fuse_tests::wait::free_port());
+    let mut m = start(
+        &["--admin-addr", &addr],
+        &["--upload-delay", "3s", "--events", &ev],
+        true,
+    );
     let p = m.mnt().join("slow.txt");
     let app = std::thread::spawn(move || write_file(&p, b"slow data"));
-    // Let the FLUSH reach the daemon, then trigger.
-    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(events.path()).is_ok_and(|t| t.contains("upload_start"))
+        }),
+        "the FLUSH never reached the daemon"
+    );
     m.drainfs.signal(Signal::SIGTERM);
-    std::thread::sleep(Duration::from_millis(100));
+    let closed = fuse_tests::wait::wait_status(&addr, Duration::from_secs(10), |v| {
+        v["phase"] == "door_closed"
+    });
+    assert!(
+        closed.is_some(),
+        "the door did not close: {:?}",
+        fuse_tests::wait::status_from(&addr)
+    );
     let e = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -197,7 +222,7 @@ fn drain_waits_for_a_slow_flush_and_the_door_refuses_new_creates() {
         .expect_err("create after the trigger must be refused");
     assert_eq!(e.raw_os_error(), Some(libc::ESHUTDOWN), "{e}");
     app.join().unwrap().expect("the in-flight close succeeds");
-    let st = m.wait_exit(Duration::from_secs(4));
+    let st = m.wait_exit(Duration::from_secs(10));
     assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
     assert_eq!(
         std::fs::read(m.bucket().join("slow.txt")).unwrap(),
@@ -233,8 +258,9 @@ fn daemon_killed_mid_flush_fails_the_request_with_eio_at_once() {
         "{r:?} {}",
         m.drainfs.stderr_text()
     );
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    let st = m.wait_exit(Duration::from_secs(4));
+    // At once when idle; a hang would be unbounded. Loose for a loaded machine.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let st = m.wait_exit(Duration::from_secs(10));
     // drainfs ends by the daemon's signal, as the daemon would have without it.
     assert_eq!(st.signal(), Some(9), "{st:?} {}", m.drainfs.stderr_text());
     let s = m.summary();
@@ -365,7 +391,22 @@ fn a_stop_before_the_daemon_answered_init_is_not_incomplete() {
     // INIT waits 30 s by default.
     let mut m = relay_over_a_silent_daemon(dir, n, &["--grace-period", "2s"]);
     drop(fuse);
-    std::thread::sleep(Duration::from_millis(300));
+    // The stop comes once the relay takes SIGTERM itself (blocked, for its signal thread) and
+    // has started the daemon, whose INIT answer it then waits for; a fixed 300 ms was a guess
+    // that a loaded machine can outrun (a SIGTERM before the mask kills drainfs outright).
+    let pid = m.drainfs.pid();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("SigBlk:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & (1 << (libc::SIGTERM - 1)) != 0)
+            }) && fuse_tests::process::first_child(pid).is_some()
+        }),
+        "the relay did not start the daemon: {}",
+        m.drainfs.stderr_text()
+    );
     m.drainfs.signal(Signal::SIGTERM);
     let st = m.wait_exit(Duration::from_secs(10));
     let s = m.summary();
@@ -420,7 +461,7 @@ fn run_relay_mounts_relays_and_stops_on_an_exit_file() {
         write_file(&mnt.join("dir").join(name), data).unwrap();
     }
     std::fs::write(&exit_file, b"").unwrap();
-    let st = m.wait_exit(Duration::from_secs(5));
+    let st = m.wait_exit(Duration::from_secs(20));
     assert_eq!(st.code(), Some(0), "{}", m.drainfs.stderr_text());
     for (name, data) in &files {
         let got = std::fs::read(bucket.join("dir").join(name)).unwrap();
@@ -475,7 +516,7 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
     let p = m.mnt().join("slow.txt");
     let app = std::thread::spawn(move || write_file(&p, b"slow"));
     let mut st = serde_json::Value::Null;
-    let seen = wait_until(Duration::from_secs(2), || {
+    let seen = wait_until(Duration::from_secs(10), || {
         st = serde_json::from_str(&http("GET", &format!("{base}/status")).1).unwrap();
         st["in_flight_by_op"]
             .as_array()
@@ -493,9 +534,16 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
         metrics.contains("drainfs_relay_message_cap_bytes 131072"),
         "{metrics}"
     );
+    // The FLUSH is in flight; beside it, a FLUSH of a copy of slow.txt's fd that a child
+    // forked by another test thread closed at its exec (each is uploaded, 1.5 s), or a
+    // request of the kernel's own, may be too: at least 1, not exactly.
+    let in_flight = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("drainfs_requests_in_flight "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(
-        metrics.contains("drainfs_requests_in_flight 1"),
-        "{metrics}"
+        in_flight.is_some_and(|n| n >= 1.0),
+        "drainfs_requests_in_flight {in_flight:?}: {metrics}"
     );
     // The control socket answers the same document.
     let out = Command::new(bin("drainfs"))
@@ -533,7 +581,16 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     assert_eq!(st.code(), Some(75), "{st:?} {}", m.drainfs.stderr_text());
     let s = m.summary();
     assert_eq!(s["forced"], "second_signal", "{s:#}");
-    assert_eq!(s["outstanding_at_force"]["in_flight"], 1, "{s:#}");
+    // The FLUSH was outstanding: a request that can change data (not only read-only ones) and
+    // the file open for writing. Other requests may be in flight beside it at that instant (a
+    // GETATTR, or under load a FLUSH from a forked child's copy of the fd), so not exactly 1.
+    let at_force = &s["outstanding_at_force"];
+    let (all, reads) = (&at_force["in_flight"], &at_force["in_flight_read"]);
+    assert!(
+        all.as_i64().zip(reads.as_i64()).is_some_and(|(a, r)| a > r),
+        "{s:#}"
+    );
+    assert_eq!(at_force["open_write"], 1, "{s:#}");
     assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
     // The relay names the file whose close was cut short, from the names it relayed.
     assert_eq!(
@@ -728,7 +785,15 @@ fn a_failed_upload_is_a_failed_flush_exit_75() {
     let s = m.summary();
     assert_eq!(s["outcome"], "incomplete", "{s:#}");
     assert_eq!(s["failed_flushes"], serde_json::json!(["d/bad1"]), "{s:#}");
-    assert_eq!(s["counts"]["lower_flush_errors"], 1, "{s:#}");
+    // At least the close's FLUSH failed. Not exactly one: a child that another test thread
+    // forks while d/bad1 is open closes its copy of the fd at exec, a FLUSH of its own, which
+    // fails too (bucketfs keeps a file whose upload failed dirty).
+    assert!(
+        s["counts"]["lower_flush_errors"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{s:#}"
+    );
     assert!(s["counts"]["lower_flushes"].as_u64().unwrap() >= 2, "{s:#}");
     assert!(
         s["counts"]["bytes_written"].as_u64().unwrap() >= 1004,

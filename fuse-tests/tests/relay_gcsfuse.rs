@@ -42,6 +42,18 @@ fn gcsfuse(server: &Server, extra: &[&str]) -> Daemon {
     Daemon::Command(server.mount_cmd_with(Path::new("/dev/fd/3"), extra))
 }
 
+/// Waits until the relay's `/status` says its door is closed: what a create refused with
+/// ESHUTDOWN, or a second SIGTERM (one sent while the first is still pending is merged with
+/// it), must come after; a fixed sleep after the SIGTERM is outrun by a loaded machine.
+fn wait_door_closed(s: &Sidecar) {
+    assert!(
+        wait_until(Duration::from_secs(10), || s.status()["phase"]
+            == "door_closed"),
+        "the door did not close: {:#}",
+        s.status()
+    );
+}
+
 /// The relay with no extra options (its defaults: 5 s grace period, SIGTERM = workload gone).
 fn relay() -> Via {
     Via::Relay(Vec::new())
@@ -466,7 +478,7 @@ fn relay_sigterm_with_an_app_still_writing() {
     let mut w = Holder::open(&s.path("w.bin"));
     w.cmd("write 4194304 1").unwrap();
     kill(Pid::from_raw(s.sidecar_pid()), Signal::SIGTERM).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_door_closed(&s);
     assert_eq!(
         show(File::create(s.path("late.bin"))),
         "ESHUTDOWN",
@@ -498,6 +510,7 @@ fn relay_second_sigterm_is_75_and_names_the_open_file() {
     w.cmd("write 2097152 4").unwrap();
     let relay_pid = Pid::from_raw(s.sidecar_pid());
     kill(relay_pid, Signal::SIGTERM).unwrap();
+    wait_door_closed(&s);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         pid_exists(relay_pid.as_raw()),
@@ -649,7 +662,18 @@ fn sidecar_mounter_relay_native_drains_a_writer_and_exits_fast() {
     w.cmd("write 4194304 1").unwrap();
     let t0 = Instant::now();
     kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The create comes once drainfs's door has closed (its `/status`), not a fixed 300 ms
+    // after the mounter's SIGTERM, which it passes on: a loaded machine can outrun that.
+    let admin = s.admin.clone().expect("drainfs's admin server");
+    assert!(
+        wait_until(Duration::from_secs(4), || {
+            fuse_tests::relay::http_get(&format!("{admin}/status"))
+                .ok()
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .is_some_and(|v| v["phase"] == "door_closed")
+        }),
+        "drainfs's door did not close after the mounter's SIGTERM"
+    );
     assert_eq!(show(File::create(s.path("late.bin"))), "ESHUTDOWN");
     w.cmd("write 1048576 2").unwrap();
     w.cmd("close").unwrap();
