@@ -565,19 +565,42 @@ fn status_probes_metrics_and_control_socket_work_in_relay_mode() {
 
 #[test]
 fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
-    let mut m = start(&[], &["--upload-delay", "3s"], true);
+    let events = tempfile::NamedTempFile::new().unwrap();
+    let ev = events.path().display().to_string();
+    let addr = format!("127.0.0.1:{}", fuse_tests::wait::free_port());
+    let mut m = start(
+        &["--admin-addr", &addr],
+        &["--upload-delay", "6s", "--events", &ev],
+        true,
+    );
     std::fs::create_dir(m.mnt().join("dir")).unwrap();
     let p = m.mnt().join("dir/slow.txt");
     let app = std::thread::spawn(move || write_file(&p, b"slow"));
-    std::thread::sleep(Duration::from_millis(400));
+    // The FLUSH is in the daemon's upload before the first SIGTERM, and the first is taken
+    // (the door closed) before the second: two SIGTERMs sent while the first is still pending
+    // are one signal.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(events.path()).is_ok_and(|t| t.contains("upload_start"))
+        }),
+        "the FLUSH never reached the daemon"
+    );
     m.drainfs.signal(Signal::SIGTERM);
-    std::thread::sleep(Duration::from_millis(200));
+    let closed = fuse_tests::wait::wait_status(&addr, Duration::from_secs(10), |v| {
+        v["phase"] == "door_closed"
+    });
+    assert!(
+        closed.is_some(),
+        "the door did not close: {:?}",
+        fuse_tests::wait::status_from(&addr)
+    );
     let t = Instant::now();
     m.drainfs.signal(Signal::SIGTERM);
-    let st = m.wait_exit(Duration::from_secs(5));
+    let st = m.wait_exit(Duration::from_secs(10));
     // Forced with the FLUSH in flight: incomplete. The daemon got EOF but waits for its
-    // upload (2.4 s more) beyond the second signal's budget for it (2 s), so drainfs SIGKILLs
-    // it; a death drainfs caused is reported by the exit code, not raised on drainfs.
+    // upload (6 s, begun just before the first signal) beyond the second signal's budget for
+    // it (2 s), so drainfs SIGKILLs it; a death drainfs caused is reported by the exit code,
+    // not raised on drainfs.
     assert_eq!(st.code(), Some(75), "{st:?} {}", m.drainfs.stderr_text());
     let s = m.summary();
     assert_eq!(s["forced"], "second_signal", "{s:#}");
