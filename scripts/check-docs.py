@@ -68,7 +68,9 @@ def check_links(path: Path) -> list[str]:
             if re.match(r"^[a-z]+:", target):
                 continue  # http:, https:, mailto:
             file_part, _, anchor = target.partition("#")
-            dest = (path.parent / file_part).resolve() if file_part else path
+            # normpath, not resolve: a link is relative to the page as the repository lays it out
+            # (target/ may be a link elsewhere: scripts/test.sh)
+            dest = Path(os.path.normpath(path.parent / file_part)) if file_part else path
             if not dest.exists():
                 problems.append(f"{path.relative_to(ROOT)}:{no}: link to {target}: no such file")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
