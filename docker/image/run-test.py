@@ -193,12 +193,13 @@ def pod_spec(spec, *, user, caps, no_new_privs, fuse_device, mounts, env, args):
     p["user"] = {"uid": user, "gid": user, "additionalGids": []}
     p["capabilities"] = {k: list(caps) for k in ("bounding", "effective", "permitted")}
     p["noNewPrivileges"] = no_new_privs
-    # The image's PATH and DRAINFS_* variables (a container runtime merges the image's
-    # environment under the container's: the relay image's DRAINFS_ADMIN_ADDR reaches drainfs
-    # this way, the webhook discards the pod's env), then the container's, which wins.
+    # The image's environment (a container runtime merges it under the container's: the relay
+    # image's DRAINFS_ADMIN_ADDR reaches drainfs this way, the webhook discards the pod's env;
+    # GKE's image sets PATH, SSL_CERT_FILE and LIB_DIR*), without the TERM and HOME umoci adds,
+    # then the container's, which wins.
     given = {e.split("=", 1)[0] for e in env}
     p["env"] = [e for e in p.get("env", [])
-                if (e.startswith("PATH=") or e.startswith("DRAINFS_")) and e.split("=", 1)[0] not in given] + env
+                if e.split("=", 1)[0] not in given | {"TERM", "HOME"}] + env
     p["args"] = args
     p["cwd"] = "/"
     spec["root"]["readonly"] = True
