@@ -2,11 +2,12 @@
 # The full test suite: the README's second command and what CI (.ci/run) runs.
 # Installs what it needs on a fresh Debian machine (as root): fuse3, fio, fuse-overlayfs, the real
 # lowers (gcsfuse v3.11.2 and GKE's sidecar mounter v1.24.4 built with the machine's Go, rclone +
-# fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, promtool. Then:
+# fake-gcs-server, s3fs + moto), the manifest linters, umoci, skopeo, runc, buildah, numactl, promtool. Then:
 # rustfmt, clippy with -D warnings, the layout limits, rustdoc with -D warnings, the docs' links
 # and commands, unit tests,
 # the mount tests (which really mount, as root), the offline Kubernetes/Docker checks, the monitoring checks, the
-# images (static drainfs, built with umoci and run in runc in the pod's shape), and smoke runs
+# images (static drainfs, built with umoci, the GKE overlay also from the Dockerfile with buildah,
+# and run in runc in the pod's shape), and smoke runs
 # of the benchmark harness (tmpfs, and the real gcsfuse and sidecar mounter), and gcsfuse's own
 # integration tests as a parity test (fuse-tests/gcsfuse-suite/, test binaries built once from
 # the Go module proxy and cached).
@@ -22,10 +23,13 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # A libfuse 3 daemon that serves /dev/fd/N, for the relay tests (fuse-tests/tests/relay.rs).
 command -v fuse-overlayfs >/dev/null || need_apt+=(fuse-overlayfs)
 # The images: built without a Docker engine (umoci, skopeo) and run in runc in the pod's shape;
-# promtool checks the alert rules.
+# the Dockerfile's gke-overlay target built with buildah; numactl (with libnuma) for the stand-in
+# of GKE's sidecar image; promtool checks the alert rules.
 command -v umoci >/dev/null || need_apt+=(umoci)
 command -v skopeo >/dev/null || need_apt+=(skopeo)
 command -v runc >/dev/null || need_apt+=(runc)
+command -v buildah >/dev/null || need_apt+=(buildah)
+command -v numactl >/dev/null || need_apt+=(numactl)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 if ((${#need_apt[@]})); then
   step "apt-get install ${need_apt[*]}"
@@ -109,8 +113,9 @@ bash docker/check-context.sh
 step "monitoring: alert rules and their tests (promtool), dashboard expressions, metric names"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/monitoring/check.sh
 
-step "images: static drainfs, OCI archives (umoci, skopeo), run in runc in the pod's shape"
+step "images: static drainfs, OCI archives (umoci, skopeo), the GKE overlay (umoci and the Dockerfile with buildah), run in runc in the pod's shape"
 bash docker/image/build.sh
+bash docker/image/buildah-overlay.sh
 bash docker/image/static-root-test.sh
 # The lint virtualenv docker/check.sh installed has jsonschema, for the summary schema check.
 "${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python" docker/image/run-test.py

@@ -5,7 +5,17 @@
 #   target/images/gcsfuse-relay.tar     laid out as GKE's sidecar-mounter image: entrypoint
 #                                       /gcs-fuse-csi-driver-sidecar-mounter, /gcsfuse = drainfs,
 #                                       /gcsfuse.real = gcsfuse
-# and the OCI layout both came from (target/images/oci, tags `sidecar` and `relay`).
+# and the OCI layout both came from (target/images/oci, tags `sidecar` and `relay`). In the same
+# layout, the managed path's image as docker/Dockerfile's gke-overlay target makes it, on a
+# stand-in for GKE's sidecar image (which cannot be pulled here):
+#   gke-standin   the layout of the driver's cmd/sidecar_mounter/Dockerfile at v1.24.4
+#                 (stage-gke-standin.sh): a distroless-like glibc layer, then numactl, true,
+#                 libnuma, the loader, gcsfuse v3.11.2 at /gcsfuse and the sidecar mounter
+#                 v1.24.4; entrypoint the sidecar mounter, no USER
+#   gke-overlay   gke-standin plus one layer: the base's own /gcsfuse as /gcsfuse.real and
+#                 drainfs as /gcsfuse (the Dockerfile's two COPYs); config unchanged
+# docker/image/buildah-overlay.sh then builds the Dockerfile's gke-overlay target on gke-standin
+# with buildah and checks it holds the same files as gke-overlay.
 #
 # Inputs: drainfs built here with `-C target-feature=+crt-static` (a static-pie binary, no
 # shared libraries, checked), gcsfuse v3.11.2 and the sidecar mounter v1.24.4 as
@@ -97,6 +107,33 @@ build relay --config.entrypoint /gcs-fuse-csi-driver-sidecar-mounter \
   --config.label "org.opencontainers.image.title=gcs-fuse-csi-driver-sidecar-mounter with drainfs as /gcsfuse" \
   --config.label "dev.drainfs.sidecar-mounter.version=$SIDECAR_VERSION" \
   --config.label "dev.drainfs.gcsfuse.version=$GCSFUSE_VERSION"
+
+echo "==> image gke-standin (a stand-in for GKE's sidecar image v1.24.4)"
+bash "$here/stage-gke-standin.sh" "$out/dist" "$out/rootfs/gke-standin" >"$out/rootfs/gke-standin.env"
+mapfile -t standin_env <"$out/rootfs/gke-standin.env"
+env_flags=()
+for e in "${standin_env[@]}"; do env_flags+=(--config.env "$e"); done
+umoci new --image "$out/oci:gke-standin"
+umoci insert --image "$out/oci:gke-standin" --history.created_by "stand-in: gcr.io/distroless/base-debian12" \
+  "$out/rootfs/gke-standin/base" /
+umoci insert --image "$out/oci:gke-standin" \
+  --history.created_by "stand-in: gcs-fuse-csi-driver $SIDECAR_VERSION cmd/sidecar_mounter/Dockerfile output-image" \
+  "$out/rootfs/gke-standin/sidecar" /
+umoci config --image "$out/oci:gke-standin" --config.entrypoint /gcs-fuse-csi-driver-sidecar-mounter \
+  "${env_flags[@]}" \
+  --config.label "org.opencontainers.image.title=stand-in for gke.gcr.io/gcs-fuse-csi-driver-sidecar-mounter:$SIDECAR_VERSION-gke.0 (docker/image/build.sh)"
+
+# The overlay, as the Dockerfile's gke-overlay stage: one layer on top of the base, holding the
+# base's own /gcsfuse (taken from the image, mode kept) as /gcsfuse.real and drainfs as /gcsfuse.
+echo "==> image gke-overlay (gke-standin + drainfs at /gcsfuse, the base's gcsfuse at /gcsfuse.real)"
+umoci raw unpack --image "$out/oci:gke-standin" "$out/rootfs/gke-standin-unpacked" >/dev/null
+install -d -m 0755 "$out/rootfs/gke-overlay"
+cp -p "$out/rootfs/gke-standin-unpacked/gcsfuse" "$out/rootfs/gke-overlay/gcsfuse.real"
+install -m 0755 "$out/dist/drainfs" "$out/rootfs/gke-overlay/gcsfuse"
+rm -rf "$out/rootfs/gke-standin-unpacked"
+umoci tag --image "$out/oci:gke-standin" gke-overlay
+umoci insert --image "$out/oci:gke-overlay" --history.created_by "docker/Dockerfile gke-overlay: COPY /gcsfuse /gcsfuse.real; COPY drainfs /gcsfuse" \
+  "$out/rootfs/gke-overlay" /
 umoci gc --layout "$out/oci"
 
 rm -f "$out/drainfs-sidecar.tar" "$out/gcsfuse-relay.tar"

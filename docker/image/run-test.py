@@ -2,7 +2,8 @@
 """Runs the images docker/image/build.sh built in runc, in the pod's shape, against the real
 peers and a fake-gcs-server on loopback, and checks the outcome where Kubernetes shows it.
 
-Usage (root): docker/image/run-test.py [relay] [relay-held] [sidecar]      (default: all)
+Usage (root): docker/image/run-test.py [relay] [relay-held] [sidecar] [gke-overlay] [gke-overlay-numa]
+                                                                             (default: all)
 
 relay   (target/images/oci:relay, GKE's layout): as GKE's webhook injects it, uid/gid 65534,
         no capabilities, no_new_privs, read-only root, no /dev/fuse; the emptyDirs
@@ -17,6 +18,20 @@ sidecar (target/images/oci:sidecar): the drainfs container of docker/k8s/job-nat
         flags are the fake server's): uid 0, privileged (every capability, /dev/fuse), read-only
         root, /data bind-mounted rshared (Bidirectional) from a shared mount on the host,
         /gcs-lower, /run/drainfs, /tmp and /dev/termination-log bind-mounted.
+
+gke-overlay (target/images/oci:gke-overlay): the managed path's image, GKE's sidecar image plus
+        drainfs (here on the stand-in for GKE's image, built as docker/Dockerfile's gke-overlay
+        stage builds it), run as the relay image is: the entrypoint is the base's sidecar
+        mounter, which execs /gcsfuse (drainfs), which runs /gcsfuse.real (the base's gcsfuse).
+        Checks only what does not depend on the drop-in's mode: the process tree, exit 0 before
+        the sidecar mounter's SIGKILL, an empty error file, drainfs's summary (exit 0) and every
+        object, the workload's files all closed before the SIGTERM.
+gke-overlay-numa: the same with the node driver's `gcs-fuse-numa-node=0` option and the
+        webhook's NUMA-pinning security context (CAP_SYS_NICE added, seccomp unconfined): the
+        sidecar mounter runs `numactl --cpunodebind=0 --membind=0 /gcsfuse ...` with the image's
+        numactl; drainfs and gcsfuse must run bound to node 0 (every mapping's policy `bind:0` in
+        /proc/PID/numa_maps, node 0's CPUs), the sidecar mounter itself unbound (the plain
+        gke-overlay run checks that nothing is bound without the option).
 
 relay-held: the relay image again, with a file that stays open for writing past the stop: the
         container still exits 0 (the sidecar mounter's status), drainfs forces its stop before
@@ -149,7 +164,7 @@ def unpack(stack, tag, workdir):
     # against an older build).
     other = os.environ.get("DRAINFS_IMAGE_DRAINFS")
     if other:
-        dest = {"relay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}[tag]
+        dest = {"relay": "gcsfuse", "gke-overlay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}[tag]
         shutil.copy(other, os.path.join(bundle, "rootfs", dest))
     with open(os.path.join(bundle, "config.json")) as f:
         return bundle, json.load(f)
@@ -178,12 +193,13 @@ def pod_spec(spec, *, user, caps, no_new_privs, fuse_device, mounts, env, args):
     p["user"] = {"uid": user, "gid": user, "additionalGids": []}
     p["capabilities"] = {k: list(caps) for k in ("bounding", "effective", "permitted")}
     p["noNewPrivileges"] = no_new_privs
-    # The image's PATH and DRAINFS_* variables (a container runtime merges the image's
-    # environment under the container's: the relay image's DRAINFS_ADMIN_ADDR reaches drainfs
-    # this way, the webhook discards the pod's env), then the container's, which wins.
+    # The image's environment (a container runtime merges it under the container's: the relay
+    # image's DRAINFS_ADMIN_ADDR reaches drainfs this way, the webhook discards the pod's env;
+    # GKE's image sets PATH, SSL_CERT_FILE and LIB_DIR*), without the TERM and HOME umoci adds,
+    # then the container's, which wins.
     given = {e.split("=", 1)[0] for e in env}
     p["env"] = [e for e in p.get("env", [])
-                if (e.startswith("PATH=") or e.startswith("DRAINFS_")) and e.split("=", 1)[0] not in given] + env
+                if e.split("=", 1)[0] not in given | {"TERM", "HOME"}] + env
     p["args"] = args
     p["cwd"] = "/"
     spec["root"]["readonly"] = True
@@ -329,11 +345,13 @@ def check_outcome(name, c, t_term, code, term_log, port, files, refused, within)
         print(c.tail())
 
 
-def test_relay(stack, workdir, held=False):
-    if held:
-        print("==> relay image, a file still open for writing when the sidecar mounter's SIGKILL comes")
-    else:
-        print("==> relay image (GKE layout) under the real sidecar mounter, uid 65534, no capabilities")
+def start_managed(stack, workdir, name, tag, *, caps=(), options=()):
+    """The managed sidecar as GKE runs it: the image `tag` as the webhook injects it (uid/gid
+    65534, `caps` only, no_new_privs, read-only root, no /dev/fuse, the emptyDirs and the
+    termination log bind-mounted, NATIVE_SIDECAR=TRUE), with this script as the node driver
+    (/dev/fuse opened and mounted at the target with fd=N, the fd and the volume's options handed
+    over the volume's socket). Returns (fake server port, container, spec, target, termination
+    log, error file), or None when the volume never answered."""
     port = fake_gcs(stack, workdir)
     vol = "vol-1"
     tmp_vol = os.path.join(workdir, "gcsfuse-tmp")
@@ -367,7 +385,7 @@ def test_relay(stack, workdir, held=False):
     msg = json.dumps({"bucketName": BUCKET, "volumeName": vol, "options": [
         f"custom-endpoint=http://localhost:{port}/storage/v1/", "anonymous-access",
         "enable-hns=false", "enable-atomic-rename-object=false", "disable-autoconfig",
-        "implicit-dirs", "disable-metrics-for-gke:true"]}).encode()
+        "implicit-dirs", "disable-metrics-for-gke:true", *options]}).encode()
     sent = threading.Event()
 
     def hand_over():
@@ -384,9 +402,9 @@ def test_relay(stack, workdir, held=False):
         sent.set()
     threading.Thread(target=hand_over, daemon=True).start()
 
-    bundle, spec = unpack(stack, "relay", workdir)
+    bundle, spec = unpack(stack, tag, workdir)
     spec = pod_spec(
-        spec, user=65534, caps=[], no_new_privs=True, fuse_device=False,
+        spec, user=65534, caps=list(caps), no_new_privs=True, fuse_device=False,
         env=["NATIVE_SIDECAR=TRUE"],
         # The webhook's arguments (sidecar_spec.go): klog verbosity only.
         args=["/gcs-fuse-csi-driver-sidecar-mounter", "--v=5"],
@@ -397,13 +415,25 @@ def test_relay(stack, workdir, held=False):
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
             *kubelet_files(workdir),
         ])
-    c = Container(stack, bundle, spec, f"drainfs-relay-{os.getpid()}", workdir)
-    check(sent.wait(60), "relay: the sidecar mounter took the FUSE fd from the node driver's socket")
+    c = Container(stack, bundle, spec, f"drainfs-{tag}-{os.getpid()}", workdir)
+    check(sent.wait(60), f"{name}: the sidecar mounter took the FUSE fd from the node driver's socket")
     ready = wait_statfs(target, 60)
-    check(ready, "relay: the volume answers through drainfs and gcsfuse")
+    check(ready, f"{name}: the volume answers through drainfs and gcsfuse")
     if not ready:
         print(c.tail())
+        return None
+    return port, c, spec, target, term_log, os.path.join(tmp_vol, ".volumes", vol, "error")
+
+
+def test_relay(stack, workdir, held=False):
+    if held:
+        print("==> relay image, a file still open for writing when the sidecar mounter's SIGKILL comes")
+    else:
+        print("==> relay image (GKE layout) under the real sidecar mounter, uid 65534, no capabilities")
+    started = start_managed(stack, workdir, "relay", "relay")
+    if started is None:
         return
+    port, c, spec, target, term_log, error_file = started
     t = {}
 
     def term():
@@ -416,10 +446,153 @@ def test_relay(stack, workdir, held=False):
     files, refused = workload(target, "results/late.bin", term)
     code = c.wait(30)
     check_outcome("relay", c, t["t"], code, term_log, port, files, refused, within=5.0)
-    with open(os.path.join(tmp_vol, ".volumes", vol, "error"), "rb") if os.path.exists(
-            os.path.join(tmp_vol, ".volumes", vol, "error")) else open(os.devnull, "rb") as f:
-        err = f.read().decode(errors="replace").strip()
-    print(f"  relay: the sidecar mounter's error file: {err[-300:]!r}")
+    print(f"  relay: the sidecar mounter's error file: {read_error_file(error_file)[-300:]!r}")
+
+
+def read_error_file(path):
+    """The volume's error file the sidecar mounter writes (gcsfuse's stderr and its exit), as the
+    node driver reads it: '' when absent."""
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+        return f.read().decode(errors="replace").strip()
+    return ""
+
+
+def descendants(pid):
+    """Every descendant of pid (from /proc/PID/task/TID/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def same_file(pid, path):
+    """Whether process pid runs the file at path (the same inode: /proc/PID/exe leads to it)."""
+    try:
+        a, b = os.stat(f"/proc/{pid}/exe"), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def numa_state(pid):
+    """(memory policies of pid's mappings, its allowed CPUs) from /proc/PID/numa_maps and status."""
+    with open(f"/proc/{pid}/numa_maps") as f:
+        policies = {line.split()[1] for line in f if len(line.split()) > 1}
+    with open(f"/proc/{pid}/status") as f:
+        cpus = next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
+    return policies, cpus
+
+
+def cpulist(spec):
+    """The CPUs of a cpulist string such as 0-1,4."""
+    cpus = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def overlay_processes(name, c, bundle):
+    """The sidecar mounter (the container's init), drainfs (/gcsfuse) below it, and gcsfuse
+    (/gcsfuse.real) below drainfs: their PIDs, or None."""
+    st = json.loads(subprocess.run(["runc", "--root", c.root, "state", c.name], check=True,
+                                   capture_output=True, text=True).stdout)
+    init = st["pid"]
+    rootfs = os.path.join(bundle, "rootfs")
+    drainfs = [p for p in descendants(init) if same_file(p, os.path.join(rootfs, "gcsfuse"))]
+    gcsfuse = [p for d in drainfs for p in descendants(d) if same_file(p, os.path.join(rootfs, "gcsfuse.real"))]
+    check(same_file(init, os.path.join(rootfs, "gcs-fuse-csi-driver-sidecar-mounter")),
+          f"{name}: the container's init is the image's sidecar mounter")
+    check(len(drainfs) == 1 and len(gcsfuse) == 1,
+          f"{name}: drainfs (/gcsfuse) runs under the sidecar mounter and gcsfuse (/gcsfuse.real) under drainfs"
+          f" (drainfs {drainfs}, gcsfuse {gcsfuse})")
+    if len(drainfs) == 1 and len(gcsfuse) == 1:
+        return init, drainfs[0], gcsfuse[0]
+    return None
+
+
+def test_overlay(stack, workdir, numa_node=None):
+    """GKE's sidecar image plus drainfs (target/images/oci:gke-overlay: the stand-in for GKE's
+    image with the Dockerfile's overlay layer) as GKE runs it, the workload's files all closed
+    before the SIGTERM (as the kubelet sends it to a native sidecar once the workload exited).
+    Keyed on what any drop-in mode gives: the processes, the container's exit and time, the
+    error file, drainfs's summary and the bucket. With numa_node, the node driver's
+    gcs-fuse-numa-node option and the webhook's NUMA-pinning security context (CAP_SYS_NICE
+    added, seccomp unconfined, still uid 65534): the sidecar mounter's `numactl
+    --cpunodebind=N --membind=N /gcsfuse ...` must start drainfs and gcsfuse bound to the node."""
+    name = "gke-overlay" if numa_node is None else "gke-overlay-numa"
+    print(f"==> {name}: GKE's sidecar image (stand-in) + drainfs under its sidecar mounter, uid 65534"
+          + ("" if numa_node is None else f", gcs-fuse-numa-node={numa_node}"))
+    options = () if numa_node is None else (f"gcs-fuse-numa-node={numa_node}",)
+    caps = () if numa_node is None else ("CAP_SYS_NICE",)
+    started = start_managed(stack, workdir, name, "gke-overlay", caps=caps, options=options)
+    if started is None:
+        return
+    port, c, spec, target, term_log, error_file = started
+    bundle = os.path.join(workdir, "bundle-gke-overlay")
+    procs = overlay_processes(name, c, bundle)
+    if procs:
+        init, drainfs, gcsfuse = procs
+        pol_init, _ = numa_state(init)
+        pol_d, cpus_d = numa_state(drainfs)
+        pol_g, cpus_g = numa_state(gcsfuse)
+        print(f"  {name}: memory policies: sidecar mounter {sorted(pol_init)}, drainfs {sorted(pol_d)},"
+              f" gcsfuse {sorted(pol_g)}; CPUs drainfs {cpus_d}, gcsfuse {cpus_g}")
+        check(not any(p.startswith("bind") for p in pol_init),
+              f"{name}: the sidecar mounter itself is not bound ({sorted(pol_init)})")
+        if numa_node is None:
+            check(not any(p.startswith("bind") for p in pol_d | pol_g),
+                  f"{name}: without the option drainfs and gcsfuse run unbound")
+        else:
+            with open(f"/sys/devices/system/node/node{numa_node}/cpulist") as f:
+                node_cpus = cpulist(f.read().strip())
+            want = f"bind:{numa_node}"
+            check(pol_d == {want} and pol_g == {want},
+                  f"{name}: drainfs and gcsfuse run with numactl's --membind={numa_node} ({want} on every mapping)")
+            check(cpulist(cpus_d) == node_cpus and cpulist(cpus_g) == node_cpus,
+                  f"{name}: drainfs and gcsfuse run on node {numa_node}'s CPUs ({sorted(node_cpus)})")
+    files = {"results/": b""}
+    os.makedirs(os.path.join(target, "results"), exist_ok=True)
+    for i in range(4):
+        data = os.urandom(512 * 1024 * (i + 1))
+        with open(os.path.join(target, "results", f"part-{i}.bin"), "wb") as f:
+            f.write(data)
+        files[f"results/part-{i}.bin"] = data
+    t0 = time.monotonic()
+    c.kill("TERM")
+    code = c.wait(30)
+    elapsed = time.monotonic() - t0
+    check(code is not None, f"{name}: the container exited")
+    if code is None:
+        print(c.tail())
+        return
+    print(f"  {name}: container exit {code} {elapsed:.2f} s after SIGTERM")
+    check(code == 0, f"{name}: container exit code 0 (got {code})")
+    # Stock gcsfuse on /dev/fd/N serves on after SIGTERM and is SIGKILLed by the sidecar
+    # mounter at 5 s: an earlier exit is drainfs's stop.
+    check(elapsed < 4.5, f"{name}: exited before the sidecar mounter's SIGKILL at 5 s ({elapsed:.2f} s)")
+    err = read_error_file(error_file)
+    check(err == "", f"{name}: the volume's error file is empty ({err[-300:]!r})")
+    with open(term_log) as f:
+        text = f.read()
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = {}
+    check(summary.get("exit_code") == 0, f"{name}: the termination message is drainfs's summary, exit 0 ({text[:200]!r})")
+    check(schema_errors(summary) == [], f"{name}: the summary matches the schema {schema_errors(summary)}")
+    got = objects(port)
+    check(sorted(got) == sorted(files), f"{name}: the bucket holds exactly the files written ({sorted(got)})")
+    for k, v in files.items():
+        check(got.get(k) == v, f"{name}: object {k} ({len(v)} bytes) intact")
+    if failures:
+        print(c.tail())
 
 
 def admin_outcome(spec):
@@ -562,9 +735,13 @@ def main():
     if os.geteuid() != 0:
         print("run-test.py: needs root (runc, mount)", file=sys.stderr)
         return 2
-    which = sys.argv[1:] or ["relay", "relay-held", "sidecar"]
+    tests = {"relay": test_relay, "sidecar": test_sidecar,
+             "relay-held": lambda st, wd: test_relay(st, wd, held=True),
+             "gke-overlay": test_overlay,
+             "gke-overlay-numa": lambda st, wd: test_overlay(st, wd, numa_node=0)}
+    which = sys.argv[1:] or list(tests)
     for w in which:
-        if w not in ("relay", "relay-held", "sidecar"):
+        if w not in tests:
             print(f"run-test.py: unknown image {w}", file=sys.stderr)
             return 2
         with contextlib.ExitStack() as stack:
@@ -572,8 +749,7 @@ def main():
             if not os.environ.get("DRAINFS_IMAGE_TEST_KEEP"):
                 stack.callback(shutil.rmtree, workdir, True)
             os.chmod(workdir, 0o755)
-            {"relay": test_relay, "sidecar": test_sidecar,
-             "relay-held": lambda st, wd: test_relay(st, wd, held=True)}[w](stack, workdir)
+            tests[w](stack, workdir)
     if failures:
         print(f"run-test.py: {len(failures)} check(s) FAILED", file=sys.stderr)
         return 1
