@@ -394,6 +394,7 @@ impl RelayArgs {
                 self.relay_opts
                     .into_options(RelayConnection::Inherited { fd: self.kernel_fd }),
             ),
+            handoff: None,
             lifecycle: LifecycleConfig {
                 lower_process: LowerProcess::Spawn { argv: self.command },
                 lower_ready_timeout: Duration::ZERO,
@@ -685,6 +686,7 @@ impl RunArgs {
         Ok(RunConfig {
             fs,
             relay,
+            handoff: None,
             lifecycle: LifecycleConfig {
                 lower_process,
                 lower_ready_timeout: self.lower_ready_timeout,

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod gate;
+pub mod handoff;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

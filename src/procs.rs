@@ -81,6 +81,31 @@ pub fn spawn(cmd: &mut Command) -> std::io::Result<(Child, oneshot::Receiver<Wai
     Ok((child, rx))
 }
 
+/// Makes the child `cmd` starts die with drainfs: `PR_SET_PDEATHSIG(SIGKILL)` between fork
+/// and exec, and a SIGKILL to itself when drainfs already died in between. The death signal
+/// follows the *thread* that forked, not the process: spawn from the main thread (or the
+/// current-thread runtime's, which is the main thread), which lives until drainfs exits.
+/// GKE's sidecar mounter SIGKILLs only its own child (drainfs) 5 s after its SIGTERM; a
+/// gcsfuse left behind would keep the sidecar's stderr pipe open, and the sidecar with it.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, kill, getpid) between fork and
+    // exec; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // drainfs died between fork and prctl: the signal will never come.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Collects the owned child `pid` if it exited, and sends its status.
 fn collect(t: &mut Table, pid: i32) {
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG;

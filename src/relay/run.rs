@@ -330,11 +330,10 @@ fn spawn_daemon(
 ) -> std::io::Result<(u32, tokio::sync::oneshot::Receiver<WaitStatus>)> {
     use std::os::unix::process::CommandExt;
     let src = daemon_end.as_raw_fd();
-    let parent = std::process::id() as libc::pid_t;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::null());
-    // SAFETY: only async-signal-safe calls (dup2, fcntl, prctl, getppid, kill) between fork
-    // and exec; nothing is allocated.
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec; nothing is
+    // allocated.
     unsafe {
         cmd.pre_exec(move || {
             if src == DAEMON_FD {
@@ -346,16 +345,10 @@ fn spawn_daemon(
             } else if libc::dup2(src, DAEMON_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // drainfs died between fork and prctl: the signal will never come.
-            if libc::getppid() != parent {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
             Ok(())
         });
     }
+    procs::die_with_parent(&mut cmd);
     let (child, rx) = procs::spawn(&mut cmd)?;
     Ok((child.id(), rx))
 }
