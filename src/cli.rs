@@ -48,6 +48,14 @@ pub enum Command {
     /// default (GKE's sidecar mounter SIGKILLs 5 s after its SIGTERM). This is what the gcsfuse
     /// drop-in runs (see the end of `drainfs --help`).
     Relay(Box<RelayArgs>),
+    /// Hand the inherited FUSE connection (COMMAND's `/dev/fd/N` argument, as GKE's sidecar
+    /// mounter passes it) to COMMAND untouched: start COMMAND with drainfs's own argv,
+    /// environment, stdio and fds, stay its parent (it dies with drainfs), and serve nothing.
+    /// On a trigger, wait until COMMAND's I/O counters have stood still for `--idle-window`
+    /// (at most until `--grace-margin` before the 5 s `--grace-period`), end it (SIGTERM, then
+    /// SIGKILL) and exit: by SIGTERM after a stop by SIGTERM with COMMAND idle, 75 when it was
+    /// still busy, and as COMMAND ended when it ended by itself. The gcsfuse drop-in's default.
+    Handoff(Box<HandoffArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
         /// Control socket of the running drainfs, which opens one only when given
@@ -332,7 +340,9 @@ pub struct TriggerArgs {
     pub watch_pid: Option<i32>,
 }
 
+mod handoff_opts;
 mod relay_opts;
+pub use handoff_opts::*;
 pub use relay_opts::*;
 
 /// Arguments of `drainfs relay`.

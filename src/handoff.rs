@@ -193,12 +193,15 @@ pub fn stop_step(
     StopStep::Wait { until }
 }
 
-/// How drainfs ends, from how gcsfuse ended: the exit status and the signal to end by.
+/// How drainfs ends, from how gcsfuse ended: the summary's exit code and the signal to end
+/// by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ending {
     /// The summary's `outcome`.
     pub outcome: &'static str,
-    /// The exit status (128+N when drainfs ends by signal N).
+    /// The summary's `exit_code`: 0 for a stop with gcsfuse idle (also when drainfs then ends
+    /// by SIGTERM), 75 when an upload may have been cut, gcsfuse's status when it ended by
+    /// itself (128+N for signal N). The process's status is 128+N when it ends by `raise`.
     pub code: i32,
     /// The signal drainfs ends by (default action, after its summary), if any.
     pub raise: Option<Signal>,
@@ -239,14 +242,9 @@ pub fn ending(
         code: 0,
         raise: None,
     };
-    let clean = if sigterm_exit {
-        Ending {
-            code: 128 + Signal::SIGTERM as i32,
-            raise: Some(Signal::SIGTERM),
-            ..clean
-        }
-    } else {
-        clean
+    let clean = Ending {
+        raise: sigterm_exit.then_some(Signal::SIGTERM),
+        ..clean
     };
     match stop {
         Some(Stop::Idle) => clean,

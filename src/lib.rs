@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod drain;
+pub mod dropin;
 pub mod error;
 pub mod fs;
 pub mod fuse;

@@ -181,7 +181,7 @@ fn drainfs_ends_as_the_sidecar_mounter_expects() {
     let term = Some(Signal::SIGTERM);
     // Idle after the sidecar mounter's SIGTERM: ends by SIGTERM (no "context canceled").
     let e = ending(Some(Stop::Idle), true, true, &killed);
-    assert_eq!((e.outcome, e.code, e.raise), (outcome::IDLE, 143, term));
+    assert_eq!((e.outcome, e.code, e.raise), (outcome::IDLE, 0, term));
     assert_eq!(ending(Some(Stop::Idle), true, false, &killed).code, 0);
     // Busy at the bound, or forced while busy: 75.
     let e = ending(Some(Stop::Bound), true, true, &killed);

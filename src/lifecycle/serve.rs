@@ -121,6 +121,12 @@ impl Executor {
             return;
         };
         self.provisional = Some((Instant::now(), self.provisional_key(out)));
+        if let Some(entry) = dp.provisional(self) {
+            self.provisional_log
+                .get_or_insert_with(|| summary::ProvisionalLog::start(path))
+                .put(entry);
+            return;
+        }
         let mut record = self.record.clone();
         let (closed_at, drained_at) = self.machine.milestones();
         record.timings.door_closed_ms = self.ms_since(closed_at);

@@ -1,0 +1,324 @@
+//! The hand-off data path, which serves nothing: drainfs starts the lower's process (the
+//! real gcsfuse) with its own argv, environment, stdio and the kernel's FUSE fd
+//! (`/dev/fd/N`) untouched, closes its own copy of that fd, and stays its parent (it dies
+//! with drainfs: [`crate::procs::die_with_parent`]). gcsfuse holds the kernel's connection
+//! itself, so the door, the counts and the drain are empty: the machine tears down as soon
+//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io` every
+//! `sample_every` ([`IdleWatch`]); the teardown waits until the counters have stood still for
+//! the idle window (or the bound: the sidecar mounter's 5 s less the margin), then ends
+//! gcsfuse (SIGTERM, SIGKILL after `term_wait`: gcsfuse v3.11.2 cannot unmount a `/dev/fd/N`
+//! mount, so it would serve on for 30 s) and reaps it. The decisions are pure
+//! ([`crate::handoff`]); this file only reads, signals and waits.
+
+use std::os::fd::RawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
+use tokio::time::Instant as TokioInstant;
+
+use super::data_path::{DataPath, PathEvent};
+use super::executor::Executor;
+use super::lower::Lower;
+use crate::config::{CleanSigtermExit, HandoffOptions, LowerProcess};
+use crate::drain::{Cause, Ending, ExitCode, Phase};
+use crate::fs::Admission;
+use crate::handoff::{self, IdleWatch, IoSample, Stop, StopStep};
+use crate::summary::{HandoffFacts, HandoffSummary, LogEntry};
+use crate::{procs, summary};
+
+/// gcsfuse as handed the connection: its pid and what is known of its I/O.
+pub(super) struct HandoffPath {
+    pid: i32,
+    opts: HandoffOptions,
+    watch: IdleWatch,
+    next_sample: Instant,
+}
+
+impl DataPath for HandoffPath {
+    type Start = ();
+
+    async fn start(ex: &mut Executor, _: ()) -> Result<Self, ExitCode> {
+        let opts = ex.cfg.handoff.clone().ok_or(ExitCode::Usage)?;
+        let LowerProcess::Spawn { argv } = ex.cfg.lifecycle.lower_process.clone() else {
+            return Err(ExitCode::Usage);
+        };
+        let (pid, exit) = match spawn_handed(&argv) {
+            Ok(v) => v,
+            Err(e) => {
+                let what = format!("cannot start {}: {e}", argv[0].to_string_lossy());
+                // The sidecar mounter copies this to the volume's error file, as it would
+                // its own failure to start gcsfuse.
+                eprintln!("drainfs: error: {what}");
+                tracing::error!(error = %e, "cannot start gcsfuse");
+                ex.on_event(super::Event::Trigger(Cause::LowerDied { detail: what }));
+                return Err(ExitCode::LowerFailed);
+            }
+        };
+        // gcsfuse holds the connection now; drainfs's copy would keep the mount alive (hung)
+        // after gcsfuse dies, instead of failing it.
+        close_kernel_fd(handoff::kernel_fd(&argv));
+        tracing::info!(
+            pid,
+            gcsfuse = %argv[0].to_string_lossy(),
+            idle_window = ?opts.idle_window,
+            "handoff: gcsfuse started on the kernel's connection; drainfs is not in the data path"
+        );
+        ex.lower = Lower::spawned(pid, exit);
+        ex.record.handoff = Some(HandoffFacts {
+            gcsfuse_pid: Some(pid),
+            idle_window: opts.idle_window,
+            ..HandoffFacts::default()
+        });
+        ex.shared.set_lower_up(true);
+        ex.shared.set_started();
+        ex.serving("gcsfuse started");
+        let mut hp = HandoffPath {
+            pid,
+            watch: IdleWatch::new(opts.idle_window),
+            next_sample: Instant::now(),
+            opts,
+        };
+        hp.sample();
+        Ok(hp)
+    }
+
+    /// Samples gcsfuse's counters on time; nothing to report.
+    async fn next_event(&mut self, _: &Admission, _: bool) -> PathEvent {
+        tokio::time::sleep_until(TokioInstant::from_std(self.next_sample)).await;
+        self.sample();
+        PathEvent::Nothing
+    }
+
+    fn open_paths(&self, _: usize) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn admitted_paths(&self, _: usize) -> Vec<String> {
+        Vec::new()
+    }
+
+    async fn unmounted_externally(&mut self, _: &mut Executor) {}
+
+    fn provisional(&self, ex: &Executor) -> Option<LogEntry> {
+        let mut record = ex.record.clone();
+        if let Some(f) = record.handoff.as_mut() {
+            f.bound_ms = bound_ms(ex);
+        }
+        Some(HandoffSummary::provisional(&ex.machine, &record).into())
+    }
+
+    async fn teardown(mut self, ex: &mut Executor, _: Ending) -> ExitCode {
+        ex.advance(Phase::StoppingLower, "waiting for gcsfuse to be idle");
+        let bound = bound_ms(ex);
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.bound_ms = bound;
+        }
+        if ex.lower.exited().is_none() {
+            let stop = self.wait_idle(ex).await;
+            if let Some(stop) = stop {
+                self.end_gcsfuse(ex, stop).await;
+            }
+        }
+        let st = ex.lower.exited();
+        if let Some(st) = &st {
+            ex.record.lower_exit = Some(procs::describe(st));
+        }
+        ex.record.timings.lower_exited_ms = ex.ms_since_trigger();
+        ex.shared.set_lower_up(false);
+        ExitCode::Clean
+    }
+}
+
+impl HandoffPath {
+    /// Reads gcsfuse's counters into the watch and schedules the next read.
+    fn sample(&mut self) {
+        let now = Instant::now();
+        self.watch.sample(now, read_io(self.pid));
+        self.next_sample = now + self.opts.sample_every;
+    }
+
+    /// After the trigger: waits until gcsfuse is idle, the bound, a second signal, or
+    /// gcsfuse's own exit (`None`). Samples on time meanwhile; triggers are fed to the machine.
+    async fn wait_idle(&mut self, ex: &mut Executor) -> Option<Stop> {
+        let bound = ex.machine.force_at().unwrap_or_else(Instant::now);
+        loop {
+            let now = Instant::now();
+            if now >= self.next_sample {
+                self.sample();
+            }
+            let forced = ex.machine.forced().is_some();
+            let until = match handoff::stop_step(&self.watch, now, self.next_sample, bound, forced)
+            {
+                StopStep::End(stop) => {
+                    self.note_stop(ex, stop, now);
+                    return Some(stop);
+                }
+                StopStep::Wait { until } => until,
+            };
+            let exited = ex.lower.wait();
+            tokio::select! {
+                ev = ex.events.recv() => if let Some(ev) = ev { ex.on_event(ev) },
+                st = exited => {
+                    tracing::info!(status = %procs::describe(&st), "handoff: gcsfuse exited by itself while drainfs waited for it to be idle");
+                    return None;
+                }
+                _ = tokio::time::sleep_until(TokioInstant::from_std(until)) => {}
+            }
+        }
+    }
+
+    /// Records why and when drainfs ends gcsfuse.
+    fn note_stop(&self, ex: &mut Executor, stop: Stop, now: Instant) {
+        let still = self.watch.still_for(now);
+        let at = ex.ms_since(Some(now));
+        match stop {
+            Stop::Idle => tracing::info!(
+                still_ms = still.as_millis() as u64,
+                "handoff: gcsfuse is idle (its I/O counters stood still for the idle window): ending it"
+            ),
+            Stop::Bound => {
+                tracing::warn!(
+                    still_ms = still.as_millis() as u64,
+                    "handoff: gcsfuse was still doing I/O at the bound: SIGKILL (an upload may be cut)"
+                );
+                ex.record.notes.push(format!(
+                    "gcsfuse was still doing I/O (its counters last moved {} ms before) when drainfs gave up waiting: an upload may have been cut",
+                    still.as_millis()
+                ));
+            }
+            Stop::Forced => {
+                tracing::warn!("handoff: a second signal while gcsfuse was not idle: SIGKILL");
+                ex.record.notes.push(
+                    "a second signal came while gcsfuse was still doing I/O: an upload may have been cut".into(),
+                );
+            }
+        }
+        if self.watch.unreadable() > 0 {
+            ex.record.notes.push(format!(
+                "{} reads of gcsfuse's /proc/PID/io failed; while they fail gcsfuse never counts as idle",
+                self.watch.unreadable()
+            ));
+        }
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.stop = Some(stop);
+            f.still_ms = Some(still.as_millis() as u64);
+            f.idle_ms = (stop == Stop::Idle).then_some(at).flatten();
+            f.unreadable_samples = self.watch.unreadable();
+        }
+    }
+
+    /// Ends gcsfuse: an idle one by SIGTERM, SIGKILL if it has not exited within `term_wait`
+    /// (or the hard exit); a busy one (bound, second signal) by SIGKILL at once. Waits for
+    /// the reaper within the kill budget.
+    async fn end_gcsfuse(&self, ex: &mut Executor, stop: Stop) {
+        let pid = nix::unistd::Pid::from_raw(self.pid);
+        let mut ended_by = "SIGKILL";
+        if stop == Stop::Idle && !self.opts.term_wait.is_zero() {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            ended_by = "SIGTERM";
+            let wait = ex.lower.wait();
+            let term_wait = self.opts.term_wait;
+            if ex
+                .bounded(|b| b.lower_stop.min(term_wait), wait)
+                .await
+                .is_none()
+            {
+                ended_by = "SIGKILL";
+            }
+        }
+        if ended_by == "SIGKILL" {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            let wait = ex.lower.wait();
+            let reaped = ex
+                .bounded(|b| b.lower_kill.max(Duration::from_millis(500)), wait)
+                .await;
+            if reaped.is_none() {
+                ex.record
+                    .notes
+                    .push("gcsfuse was SIGKILLed but not reaped in time".into());
+            }
+        }
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.ended_by = Some(ended_by);
+        }
+    }
+}
+
+/// Milliseconds from the first trigger to the bound (the machine's deadline).
+fn bound_ms(ex: &Executor) -> Option<u64> {
+    ex.ms_since(ex.machine.force_at())
+}
+
+/// Starts `argv` as handed over: stdio, environment and every inherited fd (the kernel's
+/// `/dev/fd/N` among them) as drainfs got them, an empty signal mask, and death with drainfs.
+fn spawn_handed(
+    argv: &[std::ffi::OsString],
+) -> std::io::Result<(i32, tokio::sync::oneshot::Receiver<WaitStatus>)> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    procs::die_with_parent(&mut cmd);
+    let (child, exit) = procs::spawn(&mut cmd)?;
+    Ok((child.id() as i32, exit))
+}
+
+/// Closes drainfs's copy of the kernel's FUSE fd `fd` (inherited from the sidecar mounter,
+/// never one drainfs opened: its own are all above it or close-on-exec).
+fn close_kernel_fd(fd: Option<RawFd>) {
+    if let Some(fd) = fd.filter(|fd| *fd > 2) {
+        // SAFETY: `fd` was inherited at exec and nothing in drainfs owns it.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+}
+
+/// gcsfuse's counters now (`None` when `/proc/PID/io` cannot be read or parsed).
+fn read_io(pid: i32) -> Option<IoSample> {
+    IoSample::parse(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// The end of a hand-off: the summary (from the record and the machine) and how drainfs
+/// ends ([`handoff::ending`]).
+pub(super) fn finish(ex: &mut Executor) -> (HandoffSummary, super::Exit) {
+    ex.end_run();
+    let stop = ex.record.handoff.as_ref().and_then(|f| f.stop);
+    let sigterm_exit = matches!(ex.machine.first_trigger(), Some((_, Cause::Sigterm)))
+        && ex
+            .cfg
+            .handoff
+            .as_ref()
+            .is_some_and(|o| o.clean_sigterm_exit == CleanSigtermExit::Signal);
+    let status = ex
+        .lower
+        .exited()
+        .unwrap_or(WaitStatus::Exited(nix::unistd::Pid::from_raw(0), 0));
+    // A stop from outside (not gcsfuse's own end, which the serve loop reports as a trigger).
+    let stopped = ex
+        .machine
+        .first_trigger()
+        .is_some_and(|(_, c)| !matches!(c, Cause::LowerDied { .. }));
+    let mut ending = handoff::ending(stop, stopped, sigterm_exit, &status);
+    if ex.lower.exited().is_none()
+        && ex
+            .record
+            .handoff
+            .as_ref()
+            .and_then(|f| f.gcsfuse_pid)
+            .is_none()
+    {
+        // gcsfuse never started.
+        ending = handoff::Ending {
+            outcome: handoff::outcome::GCSFUSE_EXITED,
+            code: ExitCode::LowerFailed.code(),
+            raise: None,
+        };
+    }
+    let s = summary::HandoffSummary::new(&ending, &ex.machine, &ex.record);
+    (
+        s,
+        super::Exit {
+            code: ending.raise.map_or(ending.code, |sig| 128 + sig as i32),
+            raise: ending.raise,
+        },
+    )
+}
