@@ -73,12 +73,40 @@ impl IoSample {
     }
 }
 
+/// The least number of bytes read and written between two samples that counts as activity.
+/// Smaller changes are the Go runtime's own, not gcsfuse's work: measured on an idle gcsfuse
+/// v3.11.2, 8-byte eventfd reads and writes (the netpoller's wake-ups) and 3-byte reads, a few
+/// times a minute. A FUSE request alone reads at least 40 bytes (its header) and an HTTP
+/// exchange hundreds, so nothing that matters is below it.
+pub const NOISE_BYTES: u64 = 32;
+
+impl IoSample {
+    /// Whether going from `self` to `next` is activity: at least [`NOISE_BYTES`] read and
+    /// written, or any storage I/O (`read_bytes`, `write_bytes`: a staged write's temp file).
+    /// Counters that went backwards (another process with the pid) count too.
+    pub fn moved_to(&self, next: &IoSample) -> bool {
+        let grew = |a: u64, b: u64| b.checked_sub(a);
+        let bytes = grew(self.rchar, next.rchar)
+            .zip(grew(self.wchar, next.wchar))
+            .map(|(r, w)| r + w);
+        match bytes {
+            None => true,
+            Some(b) => {
+                b >= NOISE_BYTES
+                    || next.read_bytes != self.read_bytes
+                    || next.write_bytes != self.write_bytes
+            }
+        }
+    }
+}
+
 /// When gcsfuse's I/O counters last moved, from samples read at known times.
 ///
 /// A change is dated at the sample that showed it (it happened at most one sampling
 /// interval earlier), so the stillness measured is never longer than the real one. The first
 /// sample counts as a change (nothing is known before it), and so does a sample that could
-/// not be read: while the counters cannot be read, gcsfuse is never idle.
+/// not be read: while the counters cannot be read, gcsfuse is never idle. Changes below
+/// [`NOISE_BYTES`] are not activity ([`IoSample::moved_to`]).
 #[derive(Debug, Clone)]
 pub struct IdleWatch {
     window: Duration,
@@ -108,10 +136,19 @@ impl IdleWatch {
         if s.is_none() {
             self.unreadable += 1;
         }
-        if s.is_none() || s != self.last {
+        let moved = match (self.last, s) {
+            (Some(a), Some(b)) => a.moved_to(&b),
+            _ => true,
+        };
+        if moved {
             self.moved_at = Some(now);
         }
         self.last = s;
+    }
+
+    /// The last sample (`None` before the first, or when it could not be read).
+    pub fn last(&self) -> Option<IoSample> {
+        self.last
     }
 
     /// How many samples could not be read.

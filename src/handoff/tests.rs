@@ -7,9 +7,10 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Counters `n` kilobytes into the run.
 fn io(n: u64) -> IoSample {
     IoSample {
-        wchar: n,
+        wchar: n * 1000,
         ..IoSample::default()
     }
 }
@@ -157,6 +158,45 @@ fn a_second_signal_forces_only_a_busy_gcsfuse() {
     assert_eq!((s, at), (Stop::Forced, ms(1500)));
     let (s, at) = drive(|_| Some(1), ms(1000), ms(4500), Some(ms(1000)));
     assert_eq!((s, at), (Stop::Idle, ms(1000)));
+}
+
+/// The Go runtime's own tiny reads and writes (eventfd wake-ups, 3-byte reads) are not
+/// activity; a FUSE request's 40-byte header is, and so is any storage I/O.
+#[test]
+fn the_runtime_s_own_tiny_io_is_not_activity() {
+    let a = IoSample {
+        rchar: 4108,
+        wchar: 7091,
+        syscr: 38,
+        syscw: 22,
+        read_bytes: 4096,
+        write_bytes: 0,
+    };
+    let noise = IoSample {
+        rchar: a.rchar + 3 + 8,
+        wchar: a.wchar + 8,
+        syscr: a.syscr + 2,
+        syscw: a.syscw + 1,
+        ..a
+    };
+    assert!(!a.moved_to(&noise));
+    assert!(!a.moved_to(&a));
+    let request = IoSample {
+        rchar: a.rchar + 40,
+        ..a
+    };
+    assert!(a.moved_to(&request));
+    let storage = IoSample {
+        write_bytes: 4096,
+        ..a
+    };
+    assert!(a.moved_to(&storage));
+    assert!(request.moved_to(&a), "counters that went backwards");
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    w.sample(t0, Some(a));
+    w.sample(t0 + ms(200), Some(noise));
+    assert!(w.is_idle(t0 + WINDOW));
 }
 
 #[test]

@@ -56,9 +56,10 @@ impl DataPath for HandoffPath {
                 return Err(ExitCode::LowerFailed);
             }
         };
-        // gcsfuse holds the connection now; drainfs's copy would keep the mount alive (hung)
+        // gcsfuse holds the connection now; drainfs's copies would keep the mount alive (hung)
         // after gcsfuse dies, instead of failing it.
-        close_kernel_fd(handoff::kernel_fd(&argv));
+        let closed = close_fuse_fds();
+        tracing::debug!(fds = ?closed, "handoff: closed drainfs's copies of the FUSE connection");
         tracing::info!(
             pid,
             gcsfuse = %argv[0].to_string_lossy(),
@@ -135,7 +136,15 @@ impl HandoffPath {
     /// Reads gcsfuse's counters into the watch and schedules the next read.
     fn sample(&mut self) {
         let now = Instant::now();
-        self.watch.sample(now, read_io(self.pid));
+        let io = read_io(self.pid);
+        let moved = match (self.watch.last(), io) {
+            (Some(a), Some(b)) => a.moved_to(&b),
+            (a, b) => a.is_some() != b.is_some(),
+        };
+        if moved && self.watch.still_for(now) >= self.opts.sample_every {
+            tracing::debug!(io = ?io, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse's I/O counters moved");
+        }
+        self.watch.sample(now, io);
         self.next_sample = now + self.opts.sample_every;
     }
 
@@ -263,13 +272,34 @@ fn spawn_handed(
     Ok((child.id() as i32, exit))
 }
 
-/// Closes drainfs's copy of the kernel's FUSE fd `fd` (inherited from the sidecar mounter,
-/// never one drainfs opened: its own are all above it or close-on-exec).
-fn close_kernel_fd(fd: Option<RawFd>) {
-    if let Some(fd) = fd.filter(|fd| *fd > 2) {
-        // SAFETY: `fd` was inherited at exec and nothing in drainfs owns it.
-        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+/// Closes every `/dev/fuse` fd drainfs holds (character device 10:229), and returns their
+/// numbers. In hand-off mode drainfs never opens one itself: each is a copy of the kernel's
+/// connection it inherited. Not only `/dev/fd/N`: GKE's sidecar mounter receives the fd over
+/// its socket without `MSG_CMSG_CLOEXEC`, so its own copy (fd 9 here) leaks into its child
+/// beside fd 3 through the exec (gcsfuse gets it too, as it does under the stock sidecar).
+fn close_fuse_fds() -> Vec<RawFd> {
+    use nix::sys::stat::{SFlag, fstat, major, minor};
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut closed = Vec::new();
+    for fd in fds.into_iter().filter(|fd| *fd > 2) {
+        // SAFETY: only borrowed for fstat; an fd closed meanwhile (the directory's) fails.
+        let Ok(st) = fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }) else {
+            continue;
+        };
+        let chr = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR;
+        if chr && (major(st.st_rdev), minor(st.st_rdev)) == (10, 229) {
+            // SAFETY: an inherited copy of the connection nothing in drainfs owns.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            closed.push(fd);
+        }
     }
+    closed
 }
 
 /// gcsfuse's counters now (`None` when `/proc/PID/io` cannot be read or parsed).

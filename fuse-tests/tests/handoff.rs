@@ -1,0 +1,321 @@
+//! The hand-off, the gcsfuse drop-in's default (issue #34), through GKE's real sidecar mounter
+//! (gcs-fuse-csi-driver v1.24.4, uid 65534, no capabilities, the fd over its socket) and the
+//! real gcsfuse v3.11.2 on fake-gcs-server: drainfs starts gcsfuse on the kernel's `/dev/fd/N`
+//! untouched, is not in the data path, and ends gcsfuse once its I/O counters stood still for
+//! the idle window after the sidecar mounter's SIGTERM. And the relay, opted into per volume
+//! through the mount option `drainfs-mode=relay` (argv) or `drainfs-mode:relay` (config file).
+//!
+//! Keyed on state only: exit statuses (as the sidecar mounter reported them through
+//! `fake-node-driver`), the volume's error file, the objects read back from the server, the
+//! summary's fields, `/proc`. Every file whose `close()` returned 0 must be complete in the
+//! bucket.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fuse_tests::csi::{CsiEnding, CsiSidecar, Gcsfuse, Stop};
+use fuse_tests::fileops::{pattern, write_file};
+use fuse_tests::holder::Holder;
+use fuse_tests::lowers::{Kind, Object, Server, object_of};
+use fuse_tests::process::{cmdline, pid_exists, proc_status_field};
+use fuse_tests::wait::{summary_at, wait_until};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The drop-in with no mode option: the hand-off.
+fn dropin() -> Gcsfuse {
+    Gcsfuse::DropIn(Vec::new())
+}
+
+/// The drop-in's default idle window.
+const IDLE_WINDOW: Duration = Duration::from_secs(2);
+
+/// Asserts that each `(key, object)` whose close returned 0 is complete in the bucket.
+fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {
+    let objects = server.objects();
+    for (key, want) in closed {
+        assert_eq!(
+            objects.get(*key),
+            Some(*want),
+            "{key} was closed with 0 but is not complete in the bucket: {objects:#?}"
+        );
+    }
+}
+
+/// Whether process `pid` holds an open `/dev/fuse`.
+fn holds_dev_fuse(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+        })
+        .unwrap_or(false)
+}
+
+/// The stop of a hand-off with gcsfuse idle, as the sidecar mounter must see it: drainfs ended
+/// by SIGTERM ("gcsfuse was terminated"), nothing in the error file (drainfs writes nothing
+/// on stderr; an exit 0 after the cancel would have been "context canceled"), no SIGKILL.
+fn assert_clean_handoff_stop(e: &CsiEnding) {
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGTERM", "{e}");
+    assert!(e.error_lines.is_empty(), "{e}");
+}
+
+/// The drop-in runs the hand-off by default: drainfs is the sidecar mounter's child and
+/// gcsfuse's parent, both unprivileged; gcsfuse gets the sidecar mounter's argv (the kernel's
+/// `/dev/fd/3` last) and holds the connection, drainfs no longer does. A native stop with
+/// gcsfuse idle for longer than the idle window ends everything within a fraction of a second
+/// (stock gcsfuse: the sidecar mounter's SIGKILL at 5 s), with every closed file in the bucket,
+/// the summary `idle`, and nothing on stderr.
+#[test]
+fn handoff_is_the_default_and_an_idle_native_stop_exits_fast() {
+    let server = Server::start(Kind::Gcsfuse);
+    let debug = vec![(
+        "DRAINFS_LOG_LEVEL".to_string(),
+        "info,drainfs=debug".to_string(),
+    )];
+    let mut s = CsiSidecar::start(&server, Gcsfuse::DropIn(debug), Stop::Native, &[]);
+    let (drainfs, gcsfuse) = (s.child_pid(), s.gcsfuse_pid());
+    assert_ne!(drainfs, gcsfuse, "drainfs must run gcsfuse");
+    assert_eq!(
+        proc_status_field(gcsfuse, "PPid").unwrap(),
+        drainfs.to_string()
+    );
+    for pid in [s.mounter_pid(), drainfs, gcsfuse] {
+        assert_eq!(
+            proc_status_field(pid, "Uid").unwrap(),
+            "65534\t65534\t65534\t65534"
+        );
+        assert_eq!(
+            proc_status_field(pid, "CapEff").unwrap(),
+            "0000000000000000"
+        );
+    }
+    assert!(
+        holds_dev_fuse(gcsfuse),
+        "gcsfuse does not hold the connection"
+    );
+    assert!(
+        !holds_dev_fuse(drainfs),
+        "drainfs kept its copy of the connection: {:?}",
+        std::fs::read_dir(format!("/proc/{drainfs}/fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name(), std::fs::read_link(e.path())))
+            .collect::<Vec<_>>()
+    );
+    let argv = cmdline(gcsfuse);
+    assert_eq!(
+        argv.last().map(String::as_str),
+        Some("/dev/fd/3"),
+        "{argv:?}"
+    );
+    assert!(argv.iter().any(|a| a == "--foreground"), "{argv:?}");
+    assert!(!argv.iter().any(|a| a.contains("drainfs-mode")), "{argv:?}");
+    let a = pattern(3 << 20, 21);
+    write_file(&s.path("a.bin"), &a).unwrap();
+    std::fs::create_dir(s.path("dir")).unwrap();
+    write_file(&s.path("dir/b.txt"), b"b").unwrap();
+    // gcsfuse idle for longer than the window before the stop (a Job that ended a while ago).
+    std::thread::sleep(IDLE_WINDOW + Duration::from_millis(500));
+    let e = s.stop(Duration::from_secs(20));
+    eprintln!("handoff, idle native stop: {e}");
+    assert_clean_handoff_stop(&e);
+    let ms = e.ms_after_stop.unwrap();
+    assert!(ms < 1500, "the stop took {ms} ms: {e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["data_path"], "handoff", "{summary:#}");
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    assert_eq!(summary["idle"], true, "{summary:#}");
+    assert_eq!(summary["ends_by_signal"], "SIGTERM", "{summary:#}");
+    assert_eq!(summary["cause"]["cause"], "sigterm", "{summary:#}");
+    assert!(summary["still_ms"].as_u64().unwrap() >= 2000, "{summary:#}");
+    assert!(summary.get("counts").is_none(), "{summary:#}");
+    assert_in_bucket(
+        &server,
+        &[("a.bin", &object_of(&a)), ("dir/b.txt", &object_of(b"b"))],
+    );
+    s.assert_nothing_left();
+}
+
+/// A stop right after the workload's last close: gcsfuse's counters moved a moment ago, so
+/// drainfs waits until they have stood still for the idle window (less the time already
+/// still), and no longer: still idle, clean, and well before the sidecar mounter's 5 s.
+#[test]
+fn handoff_stop_right_after_the_last_close_waits_out_the_window() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    let a = pattern(8 << 20, 22);
+    write_file(&s.path("a.bin"), &a).unwrap();
+    let e = s.stop(Duration::from_secs(20));
+    eprintln!("handoff, stop right after the last close: {e}");
+    assert_clean_handoff_stop(&e);
+    let ms = e.ms_after_stop.unwrap();
+    assert!((1000..4500).contains(&ms), "the stop took {ms} ms: {e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    s.assert_nothing_left();
+}
+
+/// The case the idle window is for: the stop comes while a large file's `close()` is still
+/// uploading inside gcsfuse's FLUSH (a workload SIGKILLed in `close()` when the grace period
+/// ran out looks the same to gcsfuse). The upload moves gcsfuse's counters, and its longest
+/// pause (the server committing 160 MiB, about 1 s here) is shorter than the window: drainfs
+/// waits for it, the close returns 0, the object is complete, the stop is clean.
+#[test]
+fn handoff_stop_during_a_large_close_waits_for_the_upload() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    let mut w = Holder::open(&s.path("large.bin"));
+    w.cmd("write 167772160 23").unwrap();
+    w.send("close");
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    let closed = w.reply_within(Duration::from_secs(30));
+    let close_ms = t0.elapsed().as_millis();
+    assert_eq!(closed, Some(Ok(())), "close of the large file");
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!(
+        "handoff, stop during a 160 MiB close: close returned {close_ms} ms after the SIGTERM; {e}"
+    );
+    assert_clean_handoff_stop(&e);
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_in_bucket(&server, &[("large.bin", &w.written)]);
+    s.assert_nothing_left();
+}
+
+/// gcsfuse SIGKILLed (no stop): drainfs ends by the same signal, so the sidecar mounter reports
+/// "gcsfuse was killed" as for gcsfuse itself; the summary says gcsfuse ended by itself.
+#[test]
+fn handoff_gcsfuse_killed_ends_drainfs_by_the_same_signal() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    kill(Pid::from_raw(s.gcsfuse_pid()), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_exists(s.child_pid())),
+        "drainfs did not end after gcsfuse's death"
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("handoff, gcsfuse SIGKILLed: {e}");
+    assert!(!e.sigkill_sent, "{e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGKILL", "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "gcsfuse_exited", "{summary:#}");
+    assert_eq!(summary["gcsfuse_exit"], "signal SIGKILL", "{summary:#}");
+    assert_eq!(summary["ends_by_signal"], "SIGKILL", "{summary:#}");
+    assert_eq!(summary["cause"]["cause"], "lower_died", "{summary:#}");
+    s.assert_nothing_left();
+}
+
+/// gcsfuse exiting by itself with a status (0 here: its mount was detached, the end of its
+/// connection): drainfs exits with the same status, so the sidecar mounter says "exited
+/// normally", as for gcsfuse itself.
+#[test]
+fn handoff_gcsfuse_exit_status_is_drainfs_exit_status() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    nix::mount::umount2(&s.mnt, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_exists(s.child_pid())),
+        "drainfs did not end after gcsfuse's exit"
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("handoff, gcsfuse exited by itself: {e}");
+    assert_eq!(e.gcsfuse_exit, "0", "{e}");
+    assert!(e.error_lines.is_empty(), "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "gcsfuse_exited", "{summary:#}");
+    assert_eq!(summary["gcsfuse_exit"], "exit 0", "{summary:#}");
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    s.assert_nothing_left();
+}
+
+/// drainfs SIGKILLed (what the sidecar mounter's own SIGKILL at 5 s does): gcsfuse dies with
+/// it (PR_SET_PDEATHSIG), so no gcsfuse is left holding the sidecar's stderr pipe.
+#[test]
+fn handoff_gcsfuse_does_not_outlive_a_sigkilled_drainfs() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    let gcsfuse = s.gcsfuse_pid();
+    kill(Pid::from_raw(s.child_pid()), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_exists(gcsfuse)),
+        "gcsfuse outlived drainfs"
+    );
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("handoff, drainfs SIGKILLed: {e}");
+    assert_eq!(e.gcsfuse_exit, "signal SIGKILL", "{e}");
+    s.assert_nothing_left();
+}
+
+/// The relay is opted into per volume through a mount option, in either of the forms GKE's
+/// sidecar mounter carries: `drainfs-mode=relay` (an argv flag) and `drainfs-mode:relay` (a
+/// key of the config file it writes). drainfs consumes it: gcsfuse's argv and the config file
+/// gcsfuse reads lack it (gcsfuse would refuse the mount otherwise), and the stop is the
+/// relay's (its summary, `clean`).
+#[test]
+fn relay_opt_in_through_the_mount_option_in_argv_or_config_file() {
+    for option in ["drainfs-mode=relay", "drainfs-mode:relay"] {
+        let server = Server::start(Kind::Gcsfuse);
+        let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[option]);
+        let argv = cmdline(s.gcsfuse_pid());
+        assert!(!argv.iter().any(|a| a.contains("drainfs-mode")), "{argv:?}");
+        let config = argv
+            .iter()
+            .find_map(|a| a.strip_prefix("--config-file="))
+            .expect("gcsfuse has a --config-file");
+        let text = std::fs::read_to_string(config).unwrap();
+        assert!(!text.contains("drainfs-mode"), "{option}: {config}: {text}");
+        assert!(text.contains("logging"), "{option}: {config}: {text}");
+        let a = pattern(2 << 20, 24);
+        write_file(&s.path("a.bin"), &a).unwrap();
+        let e = s.stop(Duration::from_secs(20));
+        eprintln!("relay by {option}: {e}");
+        assert_eq!(e.code, Some(0), "{e}");
+        assert_eq!(e.gcsfuse_exit, "signal SIGTERM", "{e}");
+        assert!(e.error_lines.is_empty(), "{e}");
+        let summary = summary_at(&s.summary);
+        assert_eq!(summary["data_path"], "relay", "{option}: {summary:#}");
+        assert_eq!(summary["outcome"], "clean", "{option}: {summary:#}");
+        assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+        s.assert_nothing_left();
+    }
+}
+
+/// An unknown mode is a usage error: the drop-in exits 2 before starting gcsfuse, its message
+/// reaches the volume's error file (the node driver's mount error), and the mount never serves.
+/// The same option on the stock gcsfuse (a rollback that left it set) fails the mount too.
+#[test]
+fn an_unknown_mode_or_the_option_on_stock_gcsfuse_fails_the_mount() {
+    for (gcsfuse, option, want) in [
+        (dropin(), "drainfs-mode=fast", "exit status 2"),
+        (Gcsfuse::Stock, "drainfs-mode=relay", "exit status"),
+    ] {
+        let server = Server::start(Kind::Gcsfuse);
+        let mut s = CsiSidecar::spawn(&server, gcsfuse.clone(), Stop::Native, &[option]);
+        let failed = wait_until(Duration::from_secs(30), || {
+            s.error_file().iter().any(|l| l.contains(want))
+        });
+        assert!(
+            failed,
+            "{gcsfuse:?} {option}: error file {:?}",
+            s.error_file()
+        );
+        let lines = s.error_file();
+        let e = s.stop(Duration::from_secs(30));
+        eprintln!("{gcsfuse:?} with {option}: {e}; error file {lines:?}");
+        assert!(e.gcsfuse_exit.starts_with(want), "{e}");
+        assert_ne!(e.gcsfuse_exit, "exit status 0", "{e}");
+        if gcsfuse.is_dropin() {
+            assert!(
+                lines.iter().any(|l| l.contains("drainfs-mode=fast")),
+                "{lines:?}"
+            );
+        }
+    }
+}
