@@ -14,9 +14,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fuse_tests::csi::{CsiEnding, CsiSidecar, Gcsfuse, Stop};
+use fuse_tests::driver::sidecar_dir;
 use fuse_tests::fileops::{pattern, write_file};
+use fuse_tests::harness::scratch_dir;
 use fuse_tests::holder::Holder;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
+use fuse_tests::process::Proc;
 use fuse_tests::process::{cmdline, pid_exists, proc_status_field};
 use fuse_tests::wait::{summary_at, wait_until};
 
@@ -164,14 +167,17 @@ fn handoff_stop_right_after_the_last_close_waits_out_the_window() {
 /// The case the idle window is for: the stop comes while a large file's `close()` is still
 /// uploading inside gcsfuse's FLUSH (a workload SIGKILLed in `close()` when the grace period
 /// ran out looks the same to gcsfuse). The upload moves gcsfuse's counters, and its longest
-/// pause (the server committing 160 MiB, about 1 s here) is shorter than the window: drainfs
-/// waits for it, the close returns 0, the object is complete, the stop is clean.
+/// pause (the server committing 96 MiB, about 0.5 s here) is shorter than the window: drainfs
+/// waits for it (it sees gcsfuse idle only after the close returned), the close returns 0, the
+/// object is complete, the stop is clean. (The close and the window must fit in the 4.5 s
+/// bound: a close returning later than 2.5 s after the stop is complete but ends the stop at the
+/// bound, `busy_at_bound`, 75.)
 #[test]
 fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     let server = Server::start(Kind::Gcsfuse);
     let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
     let mut w = Holder::open(&s.path("large.bin"));
-    w.cmd("write 167772160 23").unwrap();
+    w.cmd("write 100663296 23").unwrap();
     w.send("close");
     let t0 = Instant::now();
     kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
@@ -180,11 +186,16 @@ fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     assert_eq!(closed, Some(Ok(())), "close of the large file");
     let e = s.wait(Duration::from_secs(20));
     eprintln!(
-        "handoff, stop during a 160 MiB close: close returned {close_ms} ms after the SIGTERM; {e}"
+        "handoff, stop during a 96 MiB close: close returned {close_ms} ms after the SIGTERM; {e}"
     );
     assert_clean_handoff_stop(&e);
     let summary = summary_at(&s.summary);
     assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
+    assert!(
+        u128::from(idle_ms) >= close_ms,
+        "idle at {idle_ms} ms, before the close returned ({close_ms} ms): {summary:#}"
+    );
     assert_in_bucket(&server, &[("large.bin", &w.written)]);
     s.assert_nothing_left();
 }
@@ -318,4 +329,82 @@ fn an_unknown_mode_or_the_option_on_stock_gcsfuse_fails_the_mount() {
             );
         }
     }
+}
+
+/// Regular-container mode: the exit file stops the sidecar mounter (it polls every 5 s), which
+/// SIGTERMs drainfs; gcsfuse idle, the stop is the same clean one.
+#[test]
+fn handoff_exit_file_mode() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::ExitFile, &[]);
+    let a = pattern(3 << 20, 25);
+    write_file(&s.path("a.bin"), &a).unwrap();
+    let e = s.stop(Duration::from_secs(30));
+    eprintln!("handoff, exit file: {e}");
+    assert_clean_handoff_stop(&e);
+    // The sidecar mounter polls the exit file every 5 s.
+    assert!(e.ms_after_stop.unwrap() < 9000, "{e}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    s.assert_nothing_left();
+}
+
+/// A writer that never stops (python3, writing 64 KiB at a time until killed) on `path`.
+fn endless_writer(path: &Path) -> Proc {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg("-c")
+        .arg("import os,sys\nfd=os.open(sys.argv[1],os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o644)\nb=b'x'*65536\nwhile True: os.write(fd,b)")
+        .arg(path);
+    Proc::spawn(cmd)
+}
+
+/// Two volumes (one drop-in each) stopped together, sharing one termination log, as in a
+/// pod: one idle, one whose gcsfuse keeps doing I/O (a writer that never stops). The busy one
+/// is ended at the bound (before the sidecar mounter's SIGKILL at 5 s), exits 75
+/// (`busy_at_bound`: an upload may have been cut), which the sidecar mounter puts in its
+/// error file; the idle one stops clean. The termination log shows the busy one's summary
+/// whatever the order: a clean summary never hides another volume's stop that is not clean.
+#[test]
+fn handoff_busy_at_the_bound_is_75_and_shows_in_the_shared_termination_log() {
+    let shared = scratch_dir("/tmp", "drainfs-tl-");
+    sidecar_dir(shared.path());
+    let log = shared.path().join("termination-log");
+    let env = vec![(
+        "DRAINFS_TERMINATION_LOG".to_string(),
+        log.display().to_string(),
+    )];
+    let server = Server::start(Kind::Gcsfuse);
+    let mut idle = CsiSidecar::start(&server, Gcsfuse::DropIn(env.clone()), Stop::Native, &[]);
+    let mut busy = CsiSidecar::start(&server, Gcsfuse::DropIn(env), Stop::Native, &[]);
+    let busy_pid = busy.child_pid();
+    let writer = endless_writer(&busy.path("endless.bin"));
+    std::thread::sleep(IDLE_WINDOW + Duration::from_millis(500));
+    let t0 = Instant::now();
+    kill(Pid::from_raw(idle.mounter_pid()), Signal::SIGTERM).unwrap();
+    kill(Pid::from_raw(busy.mounter_pid()), Signal::SIGTERM).unwrap();
+    let (ei, eb) = (
+        idle.wait(Duration::from_secs(20)),
+        busy.wait(Duration::from_secs(20)),
+    );
+    let took = t0.elapsed();
+    drop(writer);
+    eprintln!("handoff, two volumes: idle {ei}; busy {eb}; {took:?}");
+    assert_clean_handoff_stop(&ei);
+    assert!(!eb.sigkill_sent, "{eb}");
+    assert_eq!(eb.gcsfuse_exit, "exit status 75", "{eb}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let b = summary_at(&busy.summary);
+    assert_eq!(b["outcome"], "busy_at_bound", "{b:#}");
+    assert_eq!(b["exit_code"], 75, "{b:#}");
+    assert_eq!(b["idle"], false, "{b:#}");
+    assert_eq!(b["ended_by"], "SIGKILL", "{b:#}");
+    let i = summary_at(&idle.summary);
+    assert_eq!(i["outcome"], "idle", "{i:#}");
+    let t = summary_at(&log);
+    assert_eq!(t["data_path"], "handoff", "{t:#}");
+    assert_eq!(t["exit_code"], 75, "{t:#}");
+    assert_eq!(t["pid"], busy_pid, "{t:#}");
+    idle.assert_nothing_left();
+    busy.assert_nothing_left();
 }
