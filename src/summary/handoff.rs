@@ -176,3 +176,90 @@ impl From<HandoffSummary> for LogEntry {
         LogEntry::from(&s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published schema (docker/monitoring/handoff-summary.schema.json) names every field
+    /// the hand-off's summary has, requires each of them, and knows every timing.
+    #[test]
+    fn the_published_schema_matches_the_handoff_summary() {
+        let schema: serde_json::Value = serde_json::from_str(include_str!(
+            "../../docker/monitoring/handoff-summary.schema.json"
+        ))
+        .unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let m = crate::drain::Machine::new(crate::drain::Config {
+            grace_period: Duration::from_secs(5),
+            grace_margin: Duration::from_millis(500),
+            quiet_period: Duration::ZERO,
+            native_sidecar: true,
+        });
+        let s = HandoffSummary::provisional(&m, &Record::default());
+        let v = serde_json::to_value(&s).unwrap();
+        let obj = v.as_object().unwrap();
+        for k in obj.keys() {
+            assert!(props.contains_key(k), "{k} is not in the schema");
+            assert!(required.contains(&k.as_str()), "{k} is not required");
+        }
+        for k in &required {
+            assert!(obj.contains_key(*k), "the schema requires {k}");
+        }
+        let known = props["timings"]["properties"].as_object().unwrap();
+        for k in v["timings"].as_object().unwrap().keys() {
+            assert!(known.contains_key(k), "timings.{k} is not in the schema");
+        }
+        let outcomes = props["outcome"]["enum"].as_array().unwrap();
+        for o in [
+            crate::handoff::outcome::IDLE,
+            crate::handoff::outcome::BUSY_AT_BOUND,
+            crate::handoff::outcome::FORCED,
+            crate::handoff::outcome::GCSFUSE_EXITED,
+            STOPPING,
+        ] {
+            assert!(outcomes.iter().any(|x| x == o), "outcome {o}");
+        }
+        assert_eq!(
+            (s.exit_code, s.outcome, s.data_path),
+            (75, STOPPING, "handoff")
+        );
+    }
+
+    /// A hand-off summary in the shared termination log follows the relay's rules: a clean
+    /// (idle) one never hides another volume's busy one.
+    #[test]
+    fn handoff_summaries_share_the_termination_log() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("termination-log");
+        let of = |pid: u32, code: i32, outcome: &'static str| {
+            let mut s = HandoffSummary::provisional(
+                &crate::drain::Machine::new(crate::drain::Config {
+                    grace_period: Duration::from_secs(5),
+                    grace_margin: Duration::from_millis(500),
+                    quiet_period: Duration::ZERO,
+                    native_sidecar: true,
+                }),
+                &Record::default(),
+            );
+            (s.pid, s.exit_code, s.outcome) = (pid, code, outcome);
+            LogEntry::from(&s)
+        };
+        let read = || -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        };
+        super::super::write_log_entry(&p, &of(8, 75, STOPPING)).unwrap();
+        super::super::write_log_entry(&p, &of(9, 75, "busy_at_bound")).unwrap();
+        super::super::write_log_entry(&p, &of(8, 0, "idle")).unwrap();
+        assert_eq!(
+            (read()["pid"].clone(), read()["exit_code"].clone()),
+            (9.into(), 75.into())
+        );
+    }
+}
