@@ -111,21 +111,27 @@ pub enum Command {
 
 /// What `--help` says about the binary's other name (see [`dropin_args`]).
 pub const DROPIN_HELP: &str = "\
-Invoked as `gcsfuse` (argv[0]'s file name is gcsfuse, as in the relay image's /gcsfuse), drainfs
+Invoked as `gcsfuse` (argv[0]'s file name is gcsfuse, as in the drainfs image's /gcsfuse), drainfs
 is GKE's gcsfuse drop-in: `gcsfuse ARGS...` runs
+  drainfs handoff --log-to-stdout --log-format json -- REAL ARGS...
+where REAL is $DRAINFS_REAL_GCSFUSE (default /gcsfuse.real): gcsfuse gets the kernel's
+connection itself and drainfs ends it once idle after the sidecar mounter's SIGTERM. With the
+volume's mount option drainfs-mode=relay (argv --drainfs-mode=relay, or the key drainfs-mode:
+relay in gcsfuse's --config-file; drainfs removes it before gcsfuse sees it) it runs instead
   drainfs relay --log-to-stdout --log-format json --clean-sigterm-exit signal -- REAL ARGS...
-where REAL is $DRAINFS_REAL_GCSFUSE (default /gcsfuse.real); DRAINFS_LOG_FORMAT and
-DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those two defaults. `gcsfuse --version` and
-`gcsfuse --help` (alone) are answered by REAL. The relay's deadline is its own: 5 s by default
-(GKE's sidecar mounter SIGKILLs its child 5 s after its SIGTERM), not the pod's grace period.
+drainfs-idle-window=DURATION sets the hand-off's --idle-window. DRAINFS_LOG_FORMAT and
+DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those defaults. A mount point that is not
+/dev/fd/N (GKE's shared-mount mode), `gcsfuse --version` and `gcsfuse --help` (alone): REAL
+is exec'ed. The deadline is 5 s by default (GKE's sidecar mounter SIGKILLs its child 5 s after
+its SIGTERM), not the pod's grace period.
 
 Exit codes: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the lower (gcsfuse) failed
 or died, or `status`, `drain` or `shutdown` could not reach drainfs's control socket;
 75 data may be incomplete; 124 `drainfs wait` timed out before the mount served (`wait` also
 waits for a missing control socket: drainfs opens one only with `--control-socket`).";
 
-/// The gcsfuse drop-in's command line: for `gcsfuse ARGS...` (argv\[0\]'s file name is
-/// `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
+/// The gcsfuse drop-in's relay command line (the mount option `drainfs-mode=relay`, see
+/// [`crate::dropin`]): for `gcsfuse ARGS...` (argv\[0\]'s file name is `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
 /// -- REAL ARGS...`, with `real` the real gcsfuse. `env` reads the environment: each of the two
 /// bracketed defaults is left out when its `DRAINFS_*` variable is set, so the variable decides.
 ///
