@@ -21,7 +21,7 @@ use fuse_tests::holder::Holder;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
 use fuse_tests::process::Proc;
 use fuse_tests::process::{cmdline, pid_exists, proc_status_field};
-use fuse_tests::wait::{summary_at, wait_until};
+use fuse_tests::wait::{read_json, summary_at, wait_until};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -382,6 +382,16 @@ fn handoff_busy_at_the_bound_is_75_and_shows_in_the_shared_termination_log() {
     let t0 = Instant::now();
     kill(Pid::from_raw(idle.mounter_pid()), Signal::SIGTERM).unwrap();
     kill(Pid::from_raw(busy.mounter_pid()), Signal::SIGTERM).unwrap();
+    // While the busy one waits, the log shows its provisional summary, whatever the idle one
+    // wrote meanwhile.
+    let provisional = wait_until(Duration::from_secs(4), || {
+        read_json(&log).is_ok_and(|t| t["outcome"] == "stopping" && t["pid"] == busy_pid)
+    });
+    assert!(
+        provisional,
+        "no provisional summary of the busy volume: {:?}",
+        read_json(&log)
+    );
     let (ei, eb) = (
         idle.wait(Duration::from_secs(20)),
         busy.wait(Duration::from_secs(20)),
@@ -406,4 +416,46 @@ fn handoff_busy_at_the_bound_is_75_and_shows_in_the_shared_termination_log() {
     assert_eq!(t["pid"], busy_pid, "{t:#}");
     idle.assert_nothing_left();
     busy.assert_nothing_left();
+}
+
+/// GKE's shared-mount mode: the mount point is a directory, not `/dev/fd/N`, so there is no
+/// connection to hand off: the drop-in execs the real gcsfuse (same pid, drainfs's options
+/// removed), which mounts the directory itself and serves it.
+#[test]
+fn a_directory_mount_point_execs_gcsfuse() {
+    let server = Server::start(Kind::Gcsfuse);
+    let dir = scratch_dir("/tmp", "drainfs-shared-");
+    let (mnt, dropin) = (dir.path().join("mnt"), dir.path().join("gcsfuse"));
+    std::fs::create_dir(&mnt).unwrap();
+    fuse_tests::bound::own_dir(&mnt);
+    // Dropped after the process: whatever happened, no mount is left behind.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            fuse_tests::mounts::force_unmount(&self.0);
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    std::os::unix::fs::symlink(fuse_tests::harness::bin("drainfs"), &dropin).unwrap();
+    let argv = server.mount_cmd_with(&mnt, &["--drainfs-mode=relay"]);
+    let mut cmd = std::process::Command::new(&dropin);
+    cmd.args(&argv[1..]).env("DRAINFS_REAL_GCSFUSE", &argv[0]);
+    let mut p = Proc::spawn(cmd);
+    assert!(
+        wait_until(Duration::from_secs(30), || fuse_tests::mounts::is_mounted(
+            &mnt
+        )),
+        "gcsfuse did not mount {}: {}",
+        mnt.display(),
+        p.stderr_text()
+    );
+    let exe = std::fs::read_link(format!("/proc/{}/exe", p.pid())).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&argv[0]).unwrap(), "not exec'ed");
+    assert!(!cmdline(p.pid()).iter().any(|a| a.contains("drainfs-mode")));
+    let a = pattern(1 << 20, 26);
+    write_file(&mnt.join("a.bin"), &a).unwrap();
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    nix::mount::umount(&mnt).unwrap();
+    let st = p.wait_exit(Duration::from_secs(30), "gcsfuse");
+    assert_eq!(st.code(), Some(0), "{st}");
 }
