@@ -44,6 +44,10 @@ impl DataPath for HandoffPath {
         let LowerProcess::Spawn { argv } = ex.cfg.lifecycle.lower_process.clone() else {
             return Err(ExitCode::Usage);
         };
+        ex.record.handoff = Some(HandoffFacts {
+            idle_window: opts.idle_window,
+            ..HandoffFacts::default()
+        });
         let (pid, exit) = match spawn_handed(&argv) {
             Ok(v) => v,
             Err(e) => {
@@ -52,6 +56,7 @@ impl DataPath for HandoffPath {
                 // its own failure to start gcsfuse.
                 eprintln!("drainfs: error: {what}");
                 tracing::error!(error = %e, "cannot start gcsfuse");
+                ex.record.notes.push(what.clone());
                 ex.on_event(super::Event::Trigger(Cause::LowerDied { detail: what }));
                 return Err(ExitCode::LowerFailed);
             }
@@ -67,11 +72,9 @@ impl DataPath for HandoffPath {
             "handoff: gcsfuse started on the kernel's connection; drainfs is not in the data path"
         );
         ex.lower = Lower::spawned(pid, exit);
-        ex.record.handoff = Some(HandoffFacts {
-            gcsfuse_pid: Some(pid),
-            idle_window: opts.idle_window,
-            ..HandoffFacts::default()
-        });
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.gcsfuse_pid = Some(pid);
+        }
         ex.shared.set_lower_up(true);
         ex.shared.set_started();
         ex.serving("gcsfuse started");
