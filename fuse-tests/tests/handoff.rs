@@ -459,3 +459,27 @@ fn a_directory_mount_point_execs_gcsfuse() {
     let st = p.wait_exit(Duration::from_secs(30), "gcsfuse");
     assert_eq!(st.code(), Some(0), "{st}");
 }
+
+/// A second SIGTERM while gcsfuse is busy (a writer that never stops) ends it at once (SIGKILL),
+/// not at the bound: `forced`, 75.
+#[test]
+fn handoff_second_signal_while_busy_is_75_at_once() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    let writer = endless_writer(&s.path("endless.bin"));
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    kill(Pid::from_raw(s.child_pid()), Signal::SIGTERM).unwrap();
+    let e = s.wait(Duration::from_secs(20));
+    let took = t0.elapsed();
+    drop(writer);
+    eprintln!("handoff, second signal while busy: {e}; {took:?}");
+    assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "forced", "{summary:#}");
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    s.assert_nothing_left();
+}
