@@ -168,10 +168,11 @@ fn handoff_stop_right_after_the_last_close_waits_out_the_window() {
 /// uploading inside gcsfuse's FLUSH (a workload SIGKILLed in `close()` when the grace period
 /// ran out looks the same to gcsfuse). The upload moves gcsfuse's counters, and its longest
 /// pause (the server committing 96 MiB, about 0.5 s here) is shorter than the window: drainfs
-/// waits for it (it sees gcsfuse idle only after the close returned), the close returns 0, the
-/// object is complete, the stop is clean. (The close and the window must fit in the 4.5 s
-/// bound: a close returning later than 2.5 s after the stop is complete but ends the stop at the
-/// bound, `busy_at_bound`, 75.)
+/// waits for it (it sees gcsfuse idle only after the close returned), the close returns 0 and
+/// the object is complete. The stop is clean (`idle`) when the close and the window fit in the
+/// 4.5 s bound; a close returning later than about 2.5 s after the stop (this machine under
+/// another suite's load: 2.8 s in 2 of 4 runs) is complete but ends the stop at the bound,
+/// `busy_at_bound`, 75: a false alarm the window costs, accepted here and printed.
 #[test]
 fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     let server = Server::start(Kind::Gcsfuse);
@@ -188,14 +189,24 @@ fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     eprintln!(
         "handoff, stop during a 96 MiB close: close returned {close_ms} ms after the SIGTERM; {e}"
     );
-    assert_clean_handoff_stop(&e);
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
     let summary = summary_at(&s.summary);
-    assert_eq!(summary["outcome"], "idle", "{summary:#}");
-    let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
-    assert!(
-        u128::from(idle_ms) >= close_ms,
-        "idle at {idle_ms} ms, before the close returned ({close_ms} ms): {summary:#}"
-    );
+    if summary["outcome"] == "busy_at_bound" {
+        eprintln!(
+            "the close returned {close_ms} ms after the stop: too late for the window to fit in the bound (75, a false alarm)"
+        );
+        assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+        assert!(close_ms > 4500 - 2000 - 100, "{summary:#}");
+    } else {
+        assert_clean_handoff_stop(&e);
+        assert_eq!(summary["outcome"], "idle", "{summary:#}");
+        let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
+        assert!(
+            u128::from(idle_ms) >= close_ms,
+            "idle at {idle_ms} ms, before the close returned ({close_ms} ms): {summary:#}"
+        );
+    }
     assert_in_bucket(&server, &[("large.bin", &w.written)]);
     s.assert_nothing_left();
 }

@@ -152,14 +152,14 @@ impl HandoffPath {
     }
 
     /// After the trigger: waits until gcsfuse is idle, the bound, a second signal, or
-    /// gcsfuse's own exit (`None`). Samples on time meanwhile; triggers are fed to the machine.
+    /// gcsfuse's own exit (`None`). Samples at every wake-up (so that "idle" is never decided
+    /// on a sample older than the decision), and on time in between; triggers are fed to the
+    /// machine.
     async fn wait_idle(&mut self, ex: &mut Executor) -> Option<Stop> {
         let bound = ex.machine.force_at().unwrap_or_else(Instant::now);
         loop {
+            self.sample();
             let now = Instant::now();
-            if now >= self.next_sample {
-                self.sample();
-            }
             let forced = ex.machine.forced().is_some();
             let until = match handoff::stop_step(&self.watch, now, self.next_sample, bound, forced)
             {
