@@ -494,3 +494,41 @@ fn handoff_second_signal_while_busy_is_75_at_once() {
     assert_eq!(summary["exit_code"], 75, "{summary:#}");
     s.assert_nothing_left();
 }
+
+/// The server stalls (fake-gcs-server SIGSTOPped) while a `close()` waits for its answer,
+/// longer than the idle window (1 s here, by the mount option `drainfs-idle-window=1s`): no
+/// counter of gcsfuse moves, but its connection has sent the request and received nothing
+/// since, so drainfs does not take it for idle. The server resumes, the close returns 0, the
+/// object is complete, and only then is gcsfuse idle.
+#[test]
+fn handoff_a_server_stall_longer_than_the_window_is_not_idle() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &["drainfs-idle-window=1s"]);
+    let mut w = Holder::open(&s.path("stalled.bin"));
+    w.cmd("write 8388608 27").unwrap();
+    let stopped = fuse_tests::holder::Stopped::stop(&server);
+    w.send("close");
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(
+        pid_exists(s.gcsfuse_pid()),
+        "gcsfuse was ended during the stall"
+    );
+    drop(stopped);
+    let closed = w.reply_within(Duration::from_secs(20));
+    let close_ms = t0.elapsed().as_millis();
+    assert_eq!(closed, Some(Ok(())), "close after the stall");
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!(
+        "handoff, a 2 s server stall in a close: close returned {close_ms} ms after the SIGTERM; {e}"
+    );
+    assert_clean_handoff_stop(&e);
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_eq!(summary["idle_window_ms"], 1000, "{summary:#}");
+    let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
+    assert!(u128::from(idle_ms) >= close_ms, "{summary:#}");
+    assert_in_bucket(&server, &[("stalled.bin", &w.written)]);
+    s.assert_nothing_left();
+}
