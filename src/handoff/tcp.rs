@@ -194,7 +194,7 @@ mod tests {
         assert!(!awaiting_answer(&socks, &[12, 13]));
         let mut end = nlmsg(SOCK_DIAG_BY_FAMILY, &diag(14, TCP_ESTABLISHED, 1, 1));
         end.extend(nlmsg(NLMSG_DONE, &[0; 4]));
-        assert_eq!(parse_dump(&end).unwrap().1, true);
+        assert!(parse_dump(&end).unwrap().1);
         let err = nlmsg(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
         assert_eq!(parse_dump(&err), Err(libc::EPERM));
         assert_eq!(parse_dump(&buf[..30]).unwrap_err(), libc::EBADMSG);
