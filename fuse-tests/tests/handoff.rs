@@ -46,14 +46,20 @@ fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {
     }
 }
 
-/// Whether process `pid` holds an open `/dev/fuse`.
-fn holds_dev_fuse(pid: i32) -> bool {
+/// How many open `/dev/fuse` fds process `pid` holds.
+fn dev_fuse_fds(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.flatten()
-                .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+                .count()
         })
-        .unwrap_or(false)
+        .unwrap_or(0)
+}
+
+/// Whether process `pid` holds an open `/dev/fuse`.
+fn holds_dev_fuse(pid: i32) -> bool {
+    dev_fuse_fds(pid) > 0
 }
 
 /// The stop of a hand-off with gcsfuse idle, as the sidecar mounter must see it: drainfs ended
@@ -279,7 +285,8 @@ fn handoff_gcsfuse_does_not_outlive_a_sigkilled_drainfs() {
 /// sidecar mounter carries: `drainfs-mode=relay` (an argv flag) and `drainfs-mode:relay` (a
 /// key of the config file it writes). drainfs consumes it: gcsfuse's argv and the config file
 /// gcsfuse reads lack it (gcsfuse would refuse the mount otherwise), and the stop is the
-/// relay's (its summary, `clean`).
+/// relay's (its summary, `clean`). gcsfuse holds no copy of the kernel's connection (it held
+/// the sidecar mounter's leaked fd 9 before).
 #[test]
 fn relay_opt_in_through_the_mount_option_in_argv_or_config_file() {
     for option in ["drainfs-mode=relay", "drainfs-mode:relay"] {
@@ -287,6 +294,10 @@ fn relay_opt_in_through_the_mount_option_in_argv_or_config_file() {
         let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[option]);
         let argv = cmdline(s.gcsfuse_pid());
         assert!(!argv.iter().any(|a| a.contains("drainfs-mode")), "{argv:?}");
+        // The relay holds the connection once; gcsfuse only its socket (the sidecar
+        // mounter's leaked copy, fd 9, is closed before gcsfuse starts).
+        assert_eq!(dev_fuse_fds(s.child_pid()), 1, "{option}");
+        assert_eq!(dev_fuse_fds(s.gcsfuse_pid()), 0, "{option}");
         let config = argv
             .iter()
             .find_map(|a| a.strip_prefix("--config-file="))

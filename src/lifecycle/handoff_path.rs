@@ -10,7 +10,6 @@
 //! mount, so it would serve on for 30 s) and reaps it. The decisions are pure
 //! ([`crate::handoff`]); this file only reads, signals and waits.
 
-use std::os::fd::RawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -68,7 +67,7 @@ impl DataPath for HandoffPath {
         };
         // gcsfuse holds the connection now; drainfs's copies would keep the mount alive (hung)
         // after gcsfuse dies, instead of failing it.
-        let closed = close_fuse_fds();
+        let closed = procs::close_fuse_fds(None);
         tracing::debug!(fds = ?closed, "handoff: closed drainfs's copies of the FUSE connection");
         tracing::info!(
             pid,
@@ -321,36 +320,6 @@ fn spawn_handed(
     procs::die_with_parent(&mut cmd);
     let (child, exit) = procs::spawn(&mut cmd)?;
     Ok((child.id() as i32, exit))
-}
-
-/// Closes every `/dev/fuse` fd drainfs holds (character device 10:229), and returns their
-/// numbers. In hand-off mode drainfs never opens one itself: each is a copy of the kernel's
-/// connection it inherited. Not only `/dev/fd/N`: GKE's sidecar mounter receives the fd over
-/// its socket without `MSG_CMSG_CLOEXEC`, so its own copy (fd 9 here) leaks into its child
-/// beside fd 3 through the exec (gcsfuse gets it too, as it does under the stock sidecar).
-fn close_fuse_fds() -> Vec<RawFd> {
-    use nix::sys::stat::{SFlag, fstat, major, minor};
-    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut closed = Vec::new();
-    for fd in fds.into_iter().filter(|fd| *fd > 2) {
-        // SAFETY: only borrowed for fstat; an fd closed meanwhile (the directory's) fails.
-        let Ok(st) = fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }) else {
-            continue;
-        };
-        let chr = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR;
-        if chr && (major(st.st_rdev), minor(st.st_rdev)) == (10, 229) {
-            // SAFETY: an inherited copy of the connection nothing in drainfs owns.
-            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-            closed.push(fd);
-        }
-    }
-    closed
 }
 
 /// A `NETLINK_SOCK_DIAG` socket: the kernel's dump of the TCP sockets of drainfs's network

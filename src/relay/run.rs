@@ -71,7 +71,14 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
     let (kernel, argv, mounted) = match opts.connection {
         RelayConnection::Inherited { fd } => {
             let (kfd, argv) = plan_argv(argv, fd).map_err(usage)?;
-            (take_fd(kfd).map_err(usage)?, argv, None)
+            let kernel = take_fd(kfd).map_err(usage)?;
+            // Other inherited copies of the connection (GKE's sidecar mounter leaks its own)
+            // would go to the daemon, which must never hold the kernel's connection.
+            let closed = procs::close_fuse_fds(Some(kernel.as_raw_fd()));
+            if !closed.is_empty() {
+                tracing::debug!(fds = ?closed, "relay: closed inherited copies of the FUSE connection");
+            }
+            (kernel, argv, None)
         }
         RelayConnection::SelfMounted => {
             let (_, argv) = plan_argv(argv, None).map_err(usage)?;
