@@ -71,14 +71,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
     let (kernel, argv, mounted) = match opts.connection {
         RelayConnection::Inherited { fd } => {
             let (kfd, argv) = plan_argv(argv, fd).map_err(usage)?;
-            let kernel = take_fd(kfd).map_err(usage)?;
-            // Other inherited copies of the connection (GKE's sidecar mounter leaks its own)
-            // would go to the daemon, which must never hold the kernel's connection.
-            let closed = procs::close_fuse_fds(Some(kernel.as_raw_fd()));
-            if !closed.is_empty() {
-                tracing::debug!(fds = ?closed, "relay: closed inherited copies of the FUSE connection");
-            }
-            (kernel, argv, None)
+            (take_fd(kfd).map_err(usage)?, argv, None)
         }
         RelayConnection::SelfMounted => {
             let (_, argv) = plan_argv(argv, None).map_err(usage)?;
@@ -144,7 +137,9 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
 }
 
 /// Takes ownership of the inherited fd `kfd` and moves it to [`HIGH_FD`] or above with
-/// FD_CLOEXEC (the daemon must never inherit the FUSE connection).
+/// FD_CLOEXEC (the daemon must never inherit the FUSE connection), and closes every other
+/// inherited copy of the connection (GKE's sidecar mounter leaks its own, which would go on
+/// to the daemon: [`procs::close_fuse_fds`]).
 fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     fcntl_check(kfd)?;
     fuse_device_check(kfd)?;
@@ -152,7 +147,12 @@ fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     // SAFETY: `kfd` is open (checked above) and was inherited; nothing else in this process
     // owns it, so taking ownership (and closing it once duplicated) is sound.
     let inherited = unsafe { OwnedFd::from_raw_fd(kfd) };
-    to_high_fd(inherited)
+    let kernel = to_high_fd(inherited)?;
+    let closed = procs::close_fuse_fds(Some(kernel.as_raw_fd()));
+    if !closed.is_empty() {
+        tracing::debug!(fds = ?closed, "relay: closed inherited copies of the FUSE connection");
+    }
+    Ok(kernel)
 }
 
 fn to_high_fd(fd: OwnedFd) -> Result<OwnedFd, String> {
