@@ -243,7 +243,8 @@ fn statfs(p: PathBuf) -> std::io::Result<()> {
 async fn livez(State(app): State<App>, RawQuery(q): RawQuery) -> Response {
     let shared = &app.control.shared;
     let mut checks = Vec::new();
-    let relay = shared.data_path() == "relay";
+    // The relay and the hand-off: the lower is the daemon's process.
+    let relay = shared.data_path() != "mount";
     let has_mount = if relay {
         shared.is_started() && !app.mountpoint.as_os_str().is_empty()
     } else {

@@ -23,19 +23,24 @@ use crate::mount;
 /// `--kernel-fd`), and that fd is open on `/dev/fuse`; for `run --relay`, `--mountpoint` is
 /// a directory that is not a mount and `/dev/fuse` opens.
 ///
-/// Both: [`output_problems`], and `--admin-addr` can be bound.
+/// Hand-off (`handoff`): nothing of the command (gcsfuse checks its own arguments).
+///
+/// All: [`output_problems`], and `--admin-addr` can be bound.
 pub fn problems(cfg: &RunConfig) -> Vec<String> {
     let mut out = Vec::new();
-    match &cfg.relay {
-        None => mount_problems(cfg, &mut out),
-        Some(opts) => relay_problems(cfg, opts.connection, &mut out),
+    match (&cfg.relay, &cfg.handoff) {
+        // The hand-off passes gcsfuse everything untouched: gcsfuse checks its own.
+        (_, Some(_)) => {}
+        (None, None) => mount_problems(cfg, &mut out),
+        (Some(opts), None) => relay_problems(cfg, opts.connection, &mut out),
     }
     output_problems(cfg, &mut out);
     // A relay whose address is taken runs without an admin server (the first relay of the
     // pod serves it), as `run` decides at start.
     if let Some(addr) = cfg.admin.admin_addr
         && let Err(e) = std::net::TcpListener::bind(addr)
-        && !(cfg.relay.is_some() && e.kind() == std::io::ErrorKind::AddrInUse)
+        && !((cfg.relay.is_some() || cfg.handoff.is_some())
+            && e.kind() == std::io::ErrorKind::AddrInUse)
     {
         out.push(format!("--admin-addr {addr}: {e}"));
     }

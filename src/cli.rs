@@ -48,6 +48,14 @@ pub enum Command {
     /// default (GKE's sidecar mounter SIGKILLs 5 s after its SIGTERM). This is what the gcsfuse
     /// drop-in runs (see the end of `drainfs --help`).
     Relay(Box<RelayArgs>),
+    /// Hand the inherited FUSE connection (COMMAND's `/dev/fd/N` argument, as GKE's sidecar
+    /// mounter passes it) to COMMAND untouched: start COMMAND with drainfs's own argv,
+    /// environment, stdio and fds, stay its parent (it dies with drainfs), and serve nothing.
+    /// On a trigger, wait until COMMAND's I/O counters have stood still for `--idle-window`
+    /// (at most until `--grace-margin` before the 5 s `--grace-period`), end it (SIGTERM, then
+    /// SIGKILL) and exit: by SIGTERM after a stop by SIGTERM with COMMAND idle, 75 when it was
+    /// still busy, and as COMMAND ended when it ended by itself. The gcsfuse drop-in's default.
+    Handoff(Box<HandoffArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
         /// Control socket of the running drainfs, which opens one only when given
@@ -103,21 +111,28 @@ pub enum Command {
 
 /// What `--help` says about the binary's other name (see [`dropin_args`]).
 pub const DROPIN_HELP: &str = "\
-Invoked as `gcsfuse` (argv[0]'s file name is gcsfuse, as in the relay image's /gcsfuse), drainfs
+Invoked as `gcsfuse` (argv[0]'s file name is gcsfuse, as in the drainfs image's /gcsfuse), drainfs
 is GKE's gcsfuse drop-in: `gcsfuse ARGS...` runs
+  drainfs handoff --log-to-stdout --log-format json -- REAL ARGS...
+where REAL is $DRAINFS_REAL_GCSFUSE (default /gcsfuse.real): gcsfuse gets the kernel's
+connection itself and drainfs ends it once idle after the sidecar mounter's SIGTERM. With the
+volume's mount option drainfs-mode=relay (argv --drainfs-mode=relay, or the key drainfs-mode:
+relay in gcsfuse's --config-file; drainfs removes it before gcsfuse sees it) it runs instead
   drainfs relay --log-to-stdout --log-format json --clean-sigterm-exit signal -- REAL ARGS...
-where REAL is $DRAINFS_REAL_GCSFUSE (default /gcsfuse.real); DRAINFS_LOG_FORMAT and
-DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those two defaults. `gcsfuse --version` and
-`gcsfuse --help` (alone) are answered by REAL. The relay's deadline is its own: 5 s by default
-(GKE's sidecar mounter SIGKILLs its child 5 s after its SIGTERM), not the pod's grace period.
+drainfs-idle-window=DURATION sets the hand-off's --idle-window. Without drainfs-mode,
+DRAINFS_DROPIN_MODE (handoff or relay; the relay image sets relay) chooses. DRAINFS_LOG_FORMAT and
+DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those defaults. A mount point that is not
+/dev/fd/N (GKE's shared-mount mode), `gcsfuse --version` and `gcsfuse --help` (alone): REAL
+is exec'ed. The deadline is 5 s by default (GKE's sidecar mounter SIGKILLs its child 5 s after
+its SIGTERM), not the pod's grace period.
 
 Exit codes: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the lower (gcsfuse) failed
 or died, or `status`, `drain` or `shutdown` could not reach drainfs's control socket;
 75 data may be incomplete; 124 `drainfs wait` timed out before the mount served (`wait` also
 waits for a missing control socket: drainfs opens one only with `--control-socket`).";
 
-/// The gcsfuse drop-in's command line: for `gcsfuse ARGS...` (argv\[0\]'s file name is
-/// `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
+/// The gcsfuse drop-in's relay command line (the mount option `drainfs-mode=relay`, see
+/// [`crate::dropin`]): for `gcsfuse ARGS...` (argv\[0\]'s file name is `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]
 /// -- REAL ARGS...`, with `real` the real gcsfuse. `env` reads the environment: each of the two
 /// bracketed defaults is left out when its `DRAINFS_*` variable is set, so the variable decides.
 ///
@@ -332,7 +347,9 @@ pub struct TriggerArgs {
     pub watch_pid: Option<i32>,
 }
 
+mod handoff_opts;
 mod relay_opts;
+pub use handoff_opts::*;
 pub use relay_opts::*;
 
 /// Arguments of `drainfs relay`.
@@ -394,6 +411,7 @@ impl RelayArgs {
                 self.relay_opts
                     .into_options(RelayConnection::Inherited { fd: self.kernel_fd }),
             ),
+            handoff: None,
             lifecycle: LifecycleConfig {
                 lower_process: LowerProcess::Spawn { argv: self.command },
                 lower_ready_timeout: Duration::ZERO,
@@ -685,6 +703,7 @@ impl RunArgs {
         Ok(RunConfig {
             fs,
             relay,
+            handoff: None,
             lifecycle: LifecycleConfig {
                 lower_process,
                 lower_ready_timeout: self.lower_ready_timeout,

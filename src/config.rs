@@ -23,6 +23,28 @@ pub struct RunConfig {
     /// Relay mode: drainfs relays a FUSE connection to the lower's process (its daemon)
     /// instead of mounting a passthrough view of a lower directory.
     pub relay: Option<RelayOptions>,
+    /// Hand-off mode: drainfs starts the lower's process (gcsfuse) on the inherited FUSE
+    /// connection untouched, serves nothing, and ends it once idle after a trigger
+    /// ([`crate::handoff`]). Exclusive with `relay`.
+    pub handoff: Option<HandoffOptions>,
+}
+
+/// Hand-off options (`drainfs handoff`, the gcsfuse drop-in's default).
+#[derive(Debug, Clone, Serialize)]
+pub struct HandoffOptions {
+    /// How long gcsfuse's I/O counters (`/proc/PID/io`) must stand still before it counts as
+    /// idle.
+    #[serde(with = "humantime_serde_shim")]
+    pub idle_window: Duration,
+    /// How often the counters are read (while serving and while stopping).
+    #[serde(with = "humantime_serde_shim")]
+    pub sample_every: Duration,
+    /// After the SIGTERM drainfs sends an idle gcsfuse, how long it may take to exit before
+    /// SIGKILL (gcsfuse v3.11.2 on `/dev/fd/N` does not exit on SIGTERM: it cannot unmount).
+    #[serde(with = "humantime_serde_shim")]
+    pub term_wait: Duration,
+    /// How a stop by SIGTERM ends once gcsfuse was idle (exit 0, or by SIGTERM).
+    pub clean_sigterm_exit: CleanSigtermExit,
 }
 
 /// Where the relay's FUSE connection comes from.

@@ -140,7 +140,7 @@ pub fn client(cmd: Command) -> i32 {
         to_stdout: false,
     });
     match cmd {
-        Command::Run(_) | Command::Relay(_) => ExitCode::Usage.code(),
+        Command::Run(_) | Command::Relay(_) | Command::Handoff(_) => ExitCode::Usage.code(),
         Command::Status {
             control_socket,
             json,

@@ -4,7 +4,8 @@ use clap::Parser;
 use drainfs::cli::{Cli, Command};
 
 fn main() {
-    // Drop-in for the gcsfuse binary: `gcsfuse ARGS...` runs `drainfs relay -- REAL ARGS...`.
+    // Drop-in for the gcsfuse binary: `gcsfuse ARGS...` runs `drainfs handoff -- REAL ARGS...`
+    // (or, with the mount option drainfs-mode=relay, `drainfs relay -- REAL ARGS...`).
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args
         .first()
@@ -13,20 +14,7 @@ fn main() {
         let real =
             std::env::var_os("DRAINFS_REAL_GCSFUSE").unwrap_or_else(|| "/gcsfuse.real".into());
         let rest = args.split_off(1);
-        // `gcsfuse --version` / `--help` (no connection to relay): the real gcsfuse answers.
-        if let [only] = rest.as_slice()
-            && ["--version", "-v", "version", "--help", "-h", "help"]
-                .iter()
-                .any(|a| only == *a)
-        {
-            use std::os::unix::process::CommandExt;
-            let e = std::process::Command::new(&real).arg(only).exec();
-            eprintln!("drainfs: error: cannot run {}: {e}", real.to_string_lossy());
-            std::process::exit(drainfs::drain::ExitCode::LowerFailed.code());
-        }
-        // Logs to stdout as JSON, and a clean stop after SIGTERM ends by SIGTERM (see
-        // `cli::dropin_args`).
-        args = drainfs::cli::dropin_args(real, rest, |k| std::env::var_os(k));
+        args = drainfs::dropin::command_line(real, rest);
     }
     // Malformed `DRAINFS_*` values are start-up errors naming the variable, not defaults.
     let problems = drainfs::cli::env_problems(&args);
@@ -60,6 +48,7 @@ fn main() {
             }
         }
         Command::Relay(args) => drainfs::run::main(args.into_config(), drainfs::admin::start),
+        Command::Handoff(args) => drainfs::run::main(args.into_config(), drainfs::admin::start),
         other => drainfs::control::client(other),
     };
     std::process::exit(code);

@@ -81,6 +81,62 @@ pub fn spawn(cmd: &mut Command) -> std::io::Result<(Child, oneshot::Receiver<Wai
     Ok((child, rx))
 }
 
+/// Makes the child `cmd` starts die with drainfs: `PR_SET_PDEATHSIG(SIGKILL)` between fork
+/// and exec, and a SIGKILL to itself when drainfs already died in between. The death signal
+/// follows the *thread* that forked, not the process: spawn from the main thread (or the
+/// current-thread runtime's, which is the main thread), which lives until drainfs exits.
+/// GKE's sidecar mounter SIGKILLs only its own child (drainfs) 5 s after its SIGTERM; a
+/// gcsfuse left behind would keep the sidecar's stderr pipe open, and the sidecar with it.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, kill, getpid) between fork and
+    // exec; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // drainfs died between fork and prctl: the signal will never come.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Closes every `/dev/fuse` fd of drainfs (character device 10:229) but `keep`, and returns
+/// their numbers: copies of the kernel's connection inherited with it, which a child would
+/// inherit in turn, and which would keep the connection alive (the mount hung instead of
+/// failed) after the process that serves it died. GKE's sidecar mounter receives the fd over
+/// its socket without `MSG_CMSG_CLOEXEC`, so its own copy (fd 9 under v1.24.4) leaks into its
+/// child beside the `/dev/fd/3` it hands over.
+pub fn close_fuse_fds(keep: Option<std::os::fd::RawFd>) -> Vec<std::os::fd::RawFd> {
+    use nix::sys::stat::{SFlag, fstat, major, minor};
+    let fds: Vec<std::os::fd::RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut closed = Vec::new();
+    for fd in fds.into_iter().filter(|fd| *fd > 2 && Some(*fd) != keep) {
+        // SAFETY: only borrowed for fstat; an fd closed meanwhile (the directory's) fails.
+        let Ok(st) = fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }) else {
+            continue;
+        };
+        let chr = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR;
+        if chr && (major(st.st_rdev), minor(st.st_rdev)) == (10, 229) {
+            // SAFETY: an inherited copy of the connection nothing in drainfs owns.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            closed.push(fd);
+        }
+    }
+    closed
+}
+
 /// Collects the owned child `pid` if it exited, and sends its status.
 fn collect(t: &mut Table, pid: i32) {
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG;

@@ -34,7 +34,9 @@ pub fn main(mut cfg: RunConfig, on_control: impl FnOnce(Control) + Send + 'stati
         // One relay runs per gcsfuse volume in the sidecar, all with the image's environment
         // and one network namespace: the first serves the address, the others go without,
         // rather than failing their volume's mount.
-        if cfg.relay.is_some() && e.kind() == std::io::ErrorKind::AddrInUse {
+        if (cfg.relay.is_some() || cfg.handoff.is_some())
+            && e.kind() == std::io::ErrorKind::AddrInUse
+        {
             tracing::warn!(%addr, "admin address in use (another relay of this pod serves it?): this relay runs without an admin server");
             cfg.admin.admin_addr = None;
         } else {
@@ -67,10 +69,15 @@ fn check_config(cfg: &RunConfig) -> i32 {
     }
 }
 
-/// The data path's pre-flight: for a relay, its mountpoint (self-mounted) and the prepared
+/// The data path's pre-flight: none for a hand-off; for a relay, its mountpoint (self-mounted) and the prepared
 /// connection with the daemon started on it; for a mount, the lower and the mountpoint made
 /// absolute and the process prepared. Errors are printed; `Err` carries the exit code.
 fn preflight(cfg: &mut RunConfig) -> Result<Option<Prepared>, ExitCode> {
+    if cfg.handoff.is_some() {
+        // Nothing to prepare, and nothing of the process changed (umask, limits): gcsfuse
+        // gets drainfs's environment as drainfs got it.
+        return Ok(None);
+    }
     let Some(opts) = &cfg.relay else {
         let spawns = matches!(
             cfg.lifecycle.lower_process,
@@ -178,7 +185,7 @@ fn raise_default(sig: nix::sys::signal::Signal) {
     };
     tracing::info!(
         signal = sig.as_str(),
-        "the daemon died of a signal: ending drainfs by the same signal"
+        "ending drainfs by a signal (default action), as its summary says"
     );
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());

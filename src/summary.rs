@@ -13,6 +13,9 @@ use crate::accounting::{Accounting, HandleMode, Op, Outstanding};
 use crate::drain::{Cause, ExitCode, Forced, LowerStop, Machine, Outcome};
 use crate::relay::engine::RelayStatus;
 
+mod handoff;
+pub use handoff::{HandoffFacts, HandoffSummary, HandoffTimings};
+
 /// Kubernetes truncates termination messages at 4096 bytes.
 pub const TERMINATION_LOG_CAP: usize = 4096;
 
@@ -172,6 +175,8 @@ pub struct Record {
     pub notes: Vec<String>,
     /// Processes that did not answer the last scan for writers on the lower (at most 20).
     pub unanswered_pids: Vec<i32>,
+    /// What the hand-off saw of gcsfuse (hand-off only).
+    pub handoff: Option<HandoffFacts>,
 }
 
 impl Record {
@@ -369,13 +374,24 @@ pub fn emit(s: &Summary, summary_file: Option<&Path>, termination_log: Option<&P
             not_clean_message(s)
         );
     }
+    write_outputs(&json, &LogEntry::from(s), summary_file, termination_log);
+}
+
+/// Writes a summary's `json` to the summary file and its `entry` to the termination log, where
+/// configured; failures are logged.
+fn write_outputs(
+    json: &str,
+    entry: &LogEntry,
+    summary_file: Option<&Path>,
+    termination_log: Option<&Path>,
+) {
     if let Some(p) = summary_file
         && let Err(e) = write_atomic(p, format!("{json}\n").as_bytes())
     {
         tracing::warn!(path = %p.display(), error = %e, "cannot write the summary file");
     }
     if let Some(p) = termination_log
-        && let Err(e) = write_termination_log(p, s)
+        && let Err(e) = write_log_entry(p, entry)
     {
         tracing::warn!(path = %p.display(), error = %e, "cannot write the termination log");
     }
@@ -430,16 +446,49 @@ pub fn not_clean_message(s: &Summary) -> String {
     parts.join("; ")
 }
 
-/// Whether `s` may replace `old`, the termination log's content. Several drop-in relays of
-/// one pod (one per gcsfuse volume) share the container's `/dev/termination-log`, and the
-/// sidecar mounter SIGTERMs them all at once. A clean summary replaces only a clean one or
-/// its own writer's (same `pid`) provisional one: it never hides another volume's incomplete
-/// or unfinished stop. A provisional summary replaces anything but another writer's final
-/// summary that is not clean; in particular another writer's provisional one, so that a
-/// writer whose stop is still going is the one the file shows when the other finishes
-/// clean. A final summary that is not clean replaces anything. Anything that is not a
-/// drainfs summary is replaced.
-fn replaces(old: &str, s: &Summary) -> bool {
+/// One summary as the termination log holds it: its text (capped at 4 KiB) and what
+/// the sharing rules (`replaces`) need to know of it. Every data path's summary ([`Summary`], the hand-off's
+/// [`HandoffSummary`]) becomes one, so that summaries of several drop-ins of one pod (one
+/// per volume) share the file by the same rules whatever their mode.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    /// The JSON text, at most [`TERMINATION_LOG_CAP`] bytes.
+    pub text: String,
+    /// The writer's process id.
+    pub pid: u32,
+    /// The summary's `exit_code` (0: the stop needs no attention).
+    pub exit_code: i32,
+    /// A provisional summary (outcome [`STOPPING`]).
+    pub stopping: bool,
+}
+
+impl From<&Summary> for LogEntry {
+    fn from(s: &Summary) -> LogEntry {
+        LogEntry {
+            text: for_termination_log(s),
+            pid: s.pid,
+            exit_code: s.exit_code,
+            stopping: s.outcome == STOPPING,
+        }
+    }
+}
+
+impl From<Summary> for LogEntry {
+    fn from(s: Summary) -> LogEntry {
+        LogEntry::from(&s)
+    }
+}
+
+/// Whether `s` may replace `old`, the termination log's content. Several drop-ins of one pod
+/// (one per gcsfuse volume) share the container's `/dev/termination-log`, and the sidecar
+/// mounter SIGTERMs them all at once. A clean summary (exit code 0) replaces only a clean one
+/// or its own writer's (same `pid`) provisional one: it never hides another volume's
+/// incomplete or unfinished stop. A provisional summary replaces anything but another
+/// writer's final summary that is not clean; in particular another writer's provisional one,
+/// so that a writer whose stop is still going is the one the file shows when the other
+/// finishes clean. A final summary that is not clean replaces anything. Anything that is not
+/// a drainfs summary is replaced.
+fn replaces(old: &str, s: &LogEntry) -> bool {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(old) else {
         return true;
     };
@@ -451,7 +500,7 @@ fn replaces(old: &str, s: &Summary) -> bool {
     if old_code == 0 || own {
         return true;
     }
-    if s.outcome == STOPPING {
+    if s.stopping {
         return old_stopping;
     }
     s.exit_code != 0
@@ -466,14 +515,22 @@ fn replaces(old: &str, s: &Summary) -> bool {
 /// # Errors
 /// The I/O error of any step.
 pub fn write_termination_log(path: &Path, s: &Summary) -> std::io::Result<()> {
-    write_termination_log_unless(path, s, || false)
+    write_termination_log_unless(path, &LogEntry::from(s), || false)
+}
+
+/// [`write_termination_log`] for a summary already made a [`LogEntry`] (any data path's).
+///
+/// # Errors
+/// The I/O error of any step.
+pub fn write_log_entry(path: &Path, e: &LogEntry) -> std::io::Result<()> {
+    write_termination_log_unless(path, e, || false)
 }
 
 /// [`write_termination_log`], unless `stop()` is true once the file's lock is held (the
 /// [`ProvisionalLog`]'s writer: a final summary written meanwhile must not be overwritten).
 fn write_termination_log_unless(
     path: &Path,
-    s: &Summary,
+    s: &LogEntry,
     stop: impl Fn() -> bool,
 ) -> std::io::Result<()> {
     use std::io::{Read, Seek};
@@ -501,7 +558,7 @@ fn write_termination_log_unless(
     // One write over the old text, padded with spaces to its length (trailing spaces are
     // still the same JSON), then the cut: a SIGKILL at any point leaves the old summary or
     // the new one, never an empty file (truncating first left one in between).
-    let mut text = for_termination_log(s).into_bytes();
+    let mut text = s.text.clone().into_bytes();
     let len = text.len();
     text.resize(len.max(old.len()), b' ');
     f.rewind()?;
@@ -530,7 +587,7 @@ pub struct ProvisionalLog {
 
 #[derive(Default)]
 struct ProvisionalState {
-    next: Option<Summary>,
+    next: Option<LogEntry>,
     closed: bool,
 }
 
@@ -544,7 +601,7 @@ impl ProvisionalLog {
         let theirs = std::sync::Arc::clone(&shared);
         let thread = std::thread::spawn(move || {
             let (state, wake) = &*theirs;
-            let mut last: Option<Summary> = None;
+            let mut last: Option<LogEntry> = None;
             loop {
                 let next = {
                     let mut st = state.lock();
@@ -576,10 +633,11 @@ impl ProvisionalLog {
         ProvisionalLog { shared, thread }
     }
 
-    /// Hands `s` over to be written (replacing one not yet written); never blocks on I/O.
-    pub fn put(&self, s: Summary) {
+    /// Hands `s` (a [`Summary`] or any [`LogEntry`]) over to be written (replacing one not yet
+    /// written); never blocks on I/O.
+    pub fn put(&self, s: impl Into<LogEntry>) {
         let (state, wake) = &*self.shared;
-        state.lock().next = Some(s);
+        state.lock().next = Some(s.into());
         wake.notify_one();
     }
 

@@ -2,8 +2,10 @@
 //! tests: `fake-node-driver` in CSI mode plays the node driver and the kubelet's stop (see
 //! `src/bin/fake-node-driver.rs`), the sidecar mounter runs unprivileged (uid 65534, no
 //! capabilities) and execs either gcsfuse itself ([`Gcsfuse::Stock`]) or drainfs as the
-//! gcsfuse drop-in ([`Gcsfuse::Relay`]: a symlink named `gcsfuse` to the drainfs binary, with
-//! `DRAINFS_REAL_GCSFUSE` naming the real one and 212992-byte socket buffers).
+//! gcsfuse drop-in (a symlink named `gcsfuse` to the drainfs binary, with
+//! `DRAINFS_REAL_GCSFUSE` naming the real one and 212992-byte socket buffers): in its default
+//! mode, the hand-off ([`Gcsfuse::DropIn`]), or as the relay ([`Gcsfuse::Relay`], chosen by
+//! the volume's mount option `drainfs-mode=relay`, as a user would).
 //!
 //! Dropping a [`CsiSidecar`] stops it (SIGTERM to the driver, which stops the sidecar the way
 //! it was told), kills whatever is left and detaches the mount, even when the test panicked.
@@ -23,9 +25,20 @@ use crate::wait::{free_port, read_json};
 pub enum Gcsfuse {
     /// The real gcsfuse (`/opt/drainfs-lowers/bin/gcsfuse`), as GKE runs it today.
     Stock,
-    /// drainfs as the drop-in, the real gcsfuse behind it; extra `DRAINFS_*` variables (e.g.
+    /// drainfs as the drop-in in the relay mode (the mount option `drainfs-mode=relay`), the
+    /// real gcsfuse behind it; extra `DRAINFS_*` variables (e.g.
     /// `("DRAINFS_GRACE_PERIOD", "5s")`).
     Relay(Vec<(String, String)>),
+    /// drainfs as the drop-in with no mode option (the hand-off, its default, unless the
+    /// test's own mount options choose otherwise); extra `DRAINFS_*` variables.
+    DropIn(Vec<(String, String)>),
+}
+
+impl Gcsfuse {
+    /// Whether drainfs is the drop-in (the sidecar mounter's child is drainfs, gcsfuse below).
+    pub fn is_dropin(&self) -> bool {
+        !matches!(self, Gcsfuse::Stock)
+    }
 }
 
 /// How the workload's end reaches the sidecar mounter.
@@ -84,9 +97,9 @@ pub struct CsiSidecar {
     pub base: PathBuf,
     /// The volume's name (also its directory under `/gcsfuse-tmp/.volumes`).
     pub volume: String,
-    /// drainfs's `--summary-file` (relay only).
+    /// drainfs's `--summary-file` (drop-in only).
     pub summary: PathBuf,
-    /// `http://127.0.0.1:PORT` of drainfs's admin server (relay only).
+    /// `http://127.0.0.1:PORT` of drainfs's admin server (drop-in only).
     pub admin: Option<String>,
     /// The `fake-node-driver` process, and the PIDs below it.
     driver: NodeDriver,
@@ -182,7 +195,7 @@ fn gcsfuse_path(
     real: &str,
     summary: &Path,
 ) -> (PathBuf, Option<String>) {
-    let Gcsfuse::Relay(env) = gcsfuse else {
+    let (Gcsfuse::Relay(env) | Gcsfuse::DropIn(env)) = gcsfuse else {
         return (PathBuf::from(real), None);
     };
     let dropin = dir.join("dropin");
@@ -208,6 +221,19 @@ impl CsiSidecar {
     /// If the real peers are not installed, or the mount does not become ready (with
     /// everything the processes wrote on stderr).
     pub fn start(server: &Server, gcsfuse: Gcsfuse, stop: Stop, extra_options: &[&str]) -> Self {
+        let mut s = Self::spawn(server, gcsfuse.clone(), stop, extra_options);
+        s.driver.wait_ready(Duration::from_secs(60));
+        // The sidecar mounter, its child (gcsfuse or drainfs), and drainfs's child (gcsfuse).
+        s.driver.note_chain(if gcsfuse.is_dropin() { 3 } else { 2 });
+        s
+    }
+
+    /// Starts the driver and the sidecar mounter without waiting for the mount (for a mount
+    /// that must fail: see [`CsiSidecar::error_file`]); no PID is noted below the driver.
+    ///
+    /// # Panics
+    /// If the real peers are not installed.
+    pub fn spawn(server: &Server, gcsfuse: Gcsfuse, stop: Stop, extra_options: &[&str]) -> Self {
         let (mounter, real) = installed_peers();
         let dir = scratch_dir("/tmp", "drainfs-csi-");
         let mnt = dir.path().join("mnt");
@@ -227,16 +253,17 @@ impl CsiSidecar {
             base: &base,
             name: &volume,
         };
-        let mut cmd = csi_driver_command(&v, server, stop, extra_options);
+        let mut options: Vec<&str> = extra_options.to_vec();
+        if matches!(gcsfuse, Gcsfuse::Relay(_)) {
+            options.push("drainfs-mode=relay");
+        }
+        let mut cmd = csi_driver_command(&v, server, stop, &options);
         let (path, admin) = gcsfuse_path(&mut cmd, &gcsfuse, dir.path(), &real, &summary);
         cmd.arg("--")
             .arg(&mounter)
             .arg("--v=5")
             .arg(format!("--gcsfuse-path={}", path.display()));
-        let mut driver = NodeDriver::spawn(cmd, &mnt, "[csi-driver]", Duration::from_secs(40));
-        driver.wait_ready(Duration::from_secs(60));
-        // The sidecar mounter, its child (gcsfuse or drainfs), and drainfs's child (gcsfuse).
-        driver.note_chain(if admin.is_some() { 3 } else { 2 });
+        let driver = NodeDriver::spawn(cmd, &mnt, "[csi-driver]", Duration::from_secs(40));
         CsiSidecar {
             dir,
             mnt,
@@ -248,12 +275,22 @@ impl CsiSidecar {
         }
     }
 
+    /// The lines of the volume's error file so far (what the sidecar mounter copies of its
+    /// child's stderr, and its own errors).
+    pub fn error_file(&self) -> Vec<String> {
+        std::fs::read_to_string(self.base.join(&self.volume).join("error"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// PID of the sidecar mounter.
     pub fn mounter_pid(&self) -> i32 {
         self.driver.pids()[0]
     }
 
-    /// PID of the sidecar mounter's child: gcsfuse (stock) or drainfs (relay).
+    /// PID of the sidecar mounter's child: gcsfuse (stock) or drainfs (drop-in).
     pub fn child_pid(&self) -> i32 {
         *self
             .driver
@@ -282,7 +319,7 @@ impl CsiSidecar {
         self.driver.stderr_text()
     }
 
-    /// drainfs's summary (relay only).
+    /// drainfs's summary (drop-in only).
     ///
     /// # Panics
     /// When it is missing or not JSON.

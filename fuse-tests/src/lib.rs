@@ -16,6 +16,7 @@ pub mod csi;
 pub mod driver;
 pub mod fileops;
 pub mod harness;
+pub mod holder;
 pub mod lowers;
 pub mod mounts;
 pub mod pod;

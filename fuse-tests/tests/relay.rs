@@ -1267,8 +1267,8 @@ fn a_notification_behind_a_read_that_never_ends_does_not_outlive_the_deadline() 
 /// writes parses as JSON with a `severity`, a clean stop's summary is `INFO`, and a stop that
 /// is not clean (a file still open for writing at the deadline, exit 75) is `ERROR`, so that a
 /// `severity>=ERROR` alert sees it. The sidecar's stdout is on `fake-node-driver`'s stderr.
-/// drainfs as the gcsfuse drop-in (a symlink named `gcsfuse`, bucketfs as the real gcsfuse)
-/// under `fake-node-driver`, with `env` added to the sidecar's environment; ready.
+/// drainfs as the gcsfuse drop-in in relay mode (a symlink named `gcsfuse`, bucketfs as the
+/// real gcsfuse, the mount option `drainfs-mode=relay` as argv) under `fake-node-driver`, with `env` added to the sidecar's environment; ready.
 fn dropin(env: &[(&str, &str)]) -> (tempfile::TempDir, fuse_tests::driver::NodeDriver) {
     use fuse_tests::driver::{NodeDriver, sidecar_dir};
     use fuse_tests::harness::{bin, scratch_dir};
@@ -1291,6 +1291,8 @@ fn dropin(env: &[(&str, &str)]) -> (tempfile::TempDir, fuse_tests::driver::NodeD
         .envs(env.iter().copied())
         .arg("--")
         .arg(&gcsfuse)
+        // The relay is the drop-in's opt-in (the hand-off is its default).
+        .arg("--drainfs-mode=relay")
         .arg("--bucket")
         .arg(&store)
         .args(["--mountpoint", "/dev/fd/3"]);

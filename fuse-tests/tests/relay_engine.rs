@@ -625,7 +625,7 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     let _ = app.join();
 }
 
-/// Invoked as `gcsfuse` (the CSI sidecar's binary name), drainfs relays to the real binary
+/// Invoked as `gcsfuse` (the CSI sidecar's binary name) with `--drainfs-mode=relay`, drainfs relays to the real binary
 /// (`DRAINFS_REAL_GCSFUSE`) and keeps stderr for what the node driver must see: a clean run
 /// writes its logs to stdout and nothing to stderr, which GKE's sidecar copies into the error
 /// file that the node driver turns into a mount error. Its clean stop after SIGTERM ends by
@@ -647,7 +647,8 @@ fn gcsfuse_drop_in_logs_to_stdout_and_keeps_stderr_clean() {
         .env("DRAINFS_SOCKET_BUFFER", "212992")
         .env("DRAINFS_LOG_FORMAT", "json")
         .env("DRAINFS_SUMMARY_FILE", dir.path().join("summary.json"))
-        .args(["--bucket"])
+        // The relay is the drop-in's opt-in (the hand-off is its default).
+        .args(["--drainfs-mode=relay", "--bucket"])
         .arg(&bucket)
         .arg("--mountpoint")
         .arg(format!("/dev/fd/{n}"))

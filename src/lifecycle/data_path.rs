@@ -1,5 +1,5 @@
 //! What a data path is to the lifecycle: one trait ([`DataPath`]) that each path implements
-//! in its own file ([`super::mount_path`], [`super::relay_path`]). The executor starts the
+//! in its own file ([`super::mount_path`], [`super::relay_path`], [`super::handoff_path`]). The executor starts the
 //! path, serves it (it waits on [`DataPath::next_event`] beside triggers and the lower's
 //! process), asks it what is open when the teardown is forced, and hands it the teardown.
 //! A new path (GKE's shared node mounter, say) is one new file implementing this trait, its
@@ -50,6 +50,12 @@ pub(super) trait DataPath: Sized {
     /// drainfs's mount was removed from outside ([`PathEvent::Unmounted`]): no request can
     /// arrive any more; closes what the kernel will never release.
     async fn unmounted_externally(&mut self, ex: &mut Executor);
+
+    /// The provisional summary to write while stopping, when the path has its own kind of
+    /// summary (the hand-off's); `None`: the executor's [`crate::summary::Summary`].
+    fn provisional(&self, _ex: &Executor) -> Option<crate::summary::LogEntry> {
+        None
+    }
 
     /// Tears the path down after serving ended with `ending` (the door is closed): unmount,
     /// close, stop the lower. Returns the exit code.

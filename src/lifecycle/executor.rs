@@ -81,6 +81,12 @@ impl Executor {
         }
     }
 
+    /// Whether drainfs serves the FUSE requests (the mount, the relay): not in hand-off mode,
+    /// where it has no door and counts nothing, so it must not claim either in its logs.
+    pub(super) fn in_data_path(&self) -> bool {
+        self.cfg.handoff.is_none()
+    }
+
     /// The exit code of what the teardown found ([`crate::drain::exit_code`]).
     pub(super) fn exit_code(&self) -> ExitCode {
         crate::drain::exit_code(&self.record.outcome(&self.machine))
@@ -89,11 +95,7 @@ impl Executor {
     /// The run is over (exit code `code`): `done`, and the summary. No provisional summary is
     /// written after this.
     pub(super) fn finish(&mut self, code: ExitCode) -> summary::Summary {
-        if let Some(log) = self.provisional_log.take() {
-            log.close();
-        }
-        self.record.timings.exit_ms = self.ms_since_trigger();
-        self.shared.set_phase(Phase::Done, "exit");
+        self.end_run();
         summary::Summary::new(
             code,
             &self.machine,
@@ -102,6 +104,16 @@ impl Executor {
             self.shared.data_path(),
             self.shared.relay_status(),
         )
+    }
+
+    /// The run is over: no provisional summary is written from now on, the exit time is
+    /// recorded, the phase is `done`.
+    pub(super) fn end_run(&mut self) {
+        if let Some(log) = self.provisional_log.take() {
+            log.close();
+        }
+        self.record.timings.exit_ms = self.ms_since_trigger();
+        self.shared.set_phase(Phase::Done, "exit");
     }
 
     /// Milliseconds from the first trigger to `t`.

@@ -9,7 +9,9 @@
 //!    relay's daemon, already running) and the executor's steps for it (`supervise.rs`: wait
 //!    for its mount to appear, stop it, judge how it ended, remove a lingering mount).
 //! 3. **The data path**, one trait (`data_path.rs`: start, serve events, what is open, tear
-//!    down), one file per path, chosen in [`run`]: `mount_path.rs` mounts a passthrough view of
+//!    down), one file per path, chosen in [`run`]: `handoff_path.rs` serves nothing (gcsfuse
+//!    holds the kernel's connection; drainfs starts it, watches its I/O counters, and ends it
+//!    once idle after a trigger, with a summary of its own); `mount_path.rs` mounts a passthrough view of
 //!    the lower's directory; `relay_path.rs` relays a FUSE connection to the lower's process
 //!    (its daemon) over a socketpair ([`crate::relay`]): the daemon is the lower, its end of
 //!    the socket is its "mount", and stopping it is `shutdown(SHUT_WR)` (it reads EOF,
@@ -34,6 +36,7 @@
 
 mod data_path;
 mod executor;
+mod handoff_path;
 mod lower;
 mod mount_path;
 mod relay_path;
@@ -51,6 +54,7 @@ use crate::config::{CleanSigtermExit, RunConfig};
 use crate::relay::run::Prepared;
 use crate::{summary, triggers};
 use executor::Executor;
+use handoff_path::HandoffPath;
 use mount_path::MountPath;
 use relay_path::RelayPath;
 
@@ -92,6 +96,15 @@ pub async fn run(
     });
     triggers::start(&cfg.lifecycle, events_tx.clone());
     let mut ex = Executor::new(cfg, shared, events, acct);
+    if ex.cfg.handoff.is_some() {
+        ex.run_path::<HandoffPath>(()).await;
+        let (s, exit) = handoff_path::finish(&mut ex);
+        s.emit(
+            ex.cfg.lifecycle.summary_file.as_deref(),
+            ex.cfg.lifecycle.termination_log.as_deref(),
+        );
+        return exit;
+    }
     let code = match relay {
         Some(p) => ex.run_path::<RelayPath>(p).await,
         None => ex.run_path::<MountPath>(()).await,

@@ -121,6 +121,12 @@ impl Executor {
             return;
         };
         self.provisional = Some((Instant::now(), self.provisional_key(out)));
+        if let Some(entry) = dp.provisional(self) {
+            self.provisional_log
+                .get_or_insert_with(|| summary::ProvisionalLog::start(path))
+                .put(entry);
+            return;
+        }
         let mut record = self.record.clone();
         let (closed_at, drained_at) = self.machine.milestones();
         record.timings.door_closed_ms = self.ms_since(closed_at);
@@ -147,10 +153,12 @@ impl Executor {
     fn close_door(&mut self) {
         self.admission.close();
         let reason = self.machine.door_reason().map_or("", DoorReason::name);
-        tracing::info!(
-            reason,
-            "door closed: new opens, creates and namespace changes get ESHUTDOWN"
-        );
+        if self.in_data_path() {
+            tracing::info!(
+                reason,
+                "door closed: new opens, creates and namespace changes get ESHUTDOWN"
+            );
+        }
         self.remove_ready_file();
     }
 
@@ -177,10 +185,12 @@ impl Executor {
                         .first_trigger()
                         .and_then(|(t0, _)| drained_at.map(|d| d - t0)),
                 );
-                tracing::info!(
-                    after_ms = self.record.timings.drained_ms,
-                    "drained: nothing in flight, no file open for writing, no lower flush pending"
-                );
+                if self.in_data_path() {
+                    tracing::info!(
+                        after_ms = self.record.timings.drained_ms,
+                        "drained: nothing in flight, no file open for writing, no lower flush pending"
+                    );
+                }
             }
         }
     }

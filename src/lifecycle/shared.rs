@@ -102,6 +102,8 @@ impl Shared {
             lower: cfg.fs.lower.clone(),
             data_path: if cfg.relay.is_some() {
                 "relay"
+            } else if cfg.handoff.is_some() {
+                "handoff"
             } else {
                 "mount"
             },
@@ -109,7 +111,7 @@ impl Shared {
         })
     }
 
-    /// `mount` (a passthrough view of a lower directory) or `relay`.
+    /// `mount` (a passthrough view of a lower directory), `relay` or `handoff`.
     pub fn data_path(&self) -> &'static str {
         self.data_path
     }

@@ -137,7 +137,9 @@ pub fn prepare(cfg: &RunConfig) -> Result<Prepared, (ExitCode, String)> {
 }
 
 /// Takes ownership of the inherited fd `kfd` and moves it to [`HIGH_FD`] or above with
-/// FD_CLOEXEC (the daemon must never inherit the FUSE connection).
+/// FD_CLOEXEC (the daemon must never inherit the FUSE connection), and closes every other
+/// inherited copy of the connection (GKE's sidecar mounter leaks its own, which would go on
+/// to the daemon: [`procs::close_fuse_fds`]).
 fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     fcntl_check(kfd)?;
     fuse_device_check(kfd)?;
@@ -145,7 +147,12 @@ fn take_fd(kfd: RawFd) -> Result<OwnedFd, String> {
     // SAFETY: `kfd` is open (checked above) and was inherited; nothing else in this process
     // owns it, so taking ownership (and closing it once duplicated) is sound.
     let inherited = unsafe { OwnedFd::from_raw_fd(kfd) };
-    to_high_fd(inherited)
+    let kernel = to_high_fd(inherited)?;
+    let closed = procs::close_fuse_fds(Some(kernel.as_raw_fd()));
+    if !closed.is_empty() {
+        tracing::debug!(fds = ?closed, "relay: closed inherited copies of the FUSE connection");
+    }
+    Ok(kernel)
 }
 
 fn to_high_fd(fd: OwnedFd) -> Result<OwnedFd, String> {
@@ -330,11 +337,10 @@ fn spawn_daemon(
 ) -> std::io::Result<(u32, tokio::sync::oneshot::Receiver<WaitStatus>)> {
     use std::os::unix::process::CommandExt;
     let src = daemon_end.as_raw_fd();
-    let parent = std::process::id() as libc::pid_t;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::null());
-    // SAFETY: only async-signal-safe calls (dup2, fcntl, prctl, getppid, kill) between fork
-    // and exec; nothing is allocated.
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec; nothing is
+    // allocated.
     unsafe {
         cmd.pre_exec(move || {
             if src == DAEMON_FD {
@@ -346,16 +352,10 @@ fn spawn_daemon(
             } else if libc::dup2(src, DAEMON_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // drainfs died between fork and prctl: the signal will never come.
-            if libc::getppid() != parent {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
             Ok(())
         });
     }
+    procs::die_with_parent(&mut cmd);
     let (child, rx) = procs::spawn(&mut cmd)?;
     Ok((child.id(), rx))
 }

@@ -1,0 +1,113 @@
+//! `drainfs handoff`'s arguments ([`HandoffArgs`]): the gcsfuse drop-in's default mode.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{
+    CleanSigtermExitArg, HEADING_SHUTDOWN, OutputArgs, TriggerArgs, grace_margin, parse_duration,
+    relay_fs,
+};
+use crate::config::{CleanSigtermExit, HandoffOptions, LifecycleConfig, LowerProcess, RunConfig};
+
+/// Arguments of `drainfs handoff`.
+#[derive(Debug, Args)]
+pub struct HandoffArgs {
+    /// How long gcsfuse's I/O counters (`/proc/PID/io`: bytes and calls, its FUSE requests
+    /// and its HTTP connections alike) must stand still, with none of its TCP connections
+    /// waiting for an answer, before gcsfuse counts as idle and is ended after a stop.
+    /// Stillness before the stop counts. It covers gcsfuse's own silent work inside a FLUSH
+    /// (up to 0.7 s measured); a stop takes up to this long after the last I/O. Accepts `2s`,
+    /// `1500ms`.
+    #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "2s", help_heading = HEADING_SHUTDOWN)]
+    pub idle_window: Duration,
+
+    /// How often gcsfuse's counters are read (while serving too, so that stillness before a
+    /// stop counts).
+    #[arg(long, env = "DRAINFS_IDLE_SAMPLE", value_parser = parse_duration, default_value = "50ms", help_heading = HEADING_SHUTDOWN)]
+    pub idle_sample: Duration,
+
+    /// After the SIGTERM drainfs sends an idle gcsfuse, how long it may take to exit before
+    /// SIGKILL (`0s`: SIGKILL at once). gcsfuse v3.11.2 on `/dev/fd/N` does not exit on
+    /// SIGTERM (it cannot unmount a mount it did not make, and serves on for 30 s), so this
+    /// is short: all of it is added to every stop.
+    #[arg(long, env = "DRAINFS_TERM_WAIT", value_parser = parse_duration, default_value = "20ms", help_heading = HEADING_SHUTDOWN)]
+    pub term_wait: Duration,
+
+    /// Shutdown triggers besides signals.
+    #[command(flatten)]
+    pub triggers: TriggerArgs,
+
+    /// Time from the first trigger to the SIGKILL that ends drainfs: 5 s by default (GKE's
+    /// sidecar mounter SIGKILLs its child 5 s after its SIGTERM). drainfs gives up waiting
+    /// for gcsfuse to be idle `--grace-margin` before it.
+    #[arg(long, env = "DRAINFS_GRACE_PERIOD", value_parser = parse_duration, default_value = "5s", help_heading = HEADING_SHUTDOWN)]
+    pub grace_period: Duration,
+
+    /// How long before the end of the grace period drainfs gives up waiting for gcsfuse to be
+    /// idle and SIGKILLs it. Default: a tenth of the grace period, between 250ms and 3s.
+    #[arg(long, env = "DRAINFS_GRACE_MARGIN", value_parser = parse_duration, help_heading = HEADING_SHUTDOWN)]
+    pub grace_margin: Option<Duration>,
+
+    /// How a stop by SIGTERM ends when gcsfuse was idle: `signal` (default), by SIGTERM, which
+    /// GKE's sidecar mounter logs as "gcsfuse was terminated"; `code`, exit 0 (which it would
+    /// write to the volume's error file as "context canceled").
+    #[arg(long, env = "DRAINFS_CLEAN_SIGTERM_EXIT", value_enum, default_value = "signal", help_heading = HEADING_SHUTDOWN)]
+    pub clean_sigterm_exit: CleanSigtermExitArg,
+
+    /// Summary, logs, admin server, control socket, ready file.
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Print the configuration as JSON and exit (0, or 2 with one line per problem).
+    #[arg(long)]
+    pub check_config: bool,
+
+    /// gcsfuse and its arguments, passed untouched, e.g. `/gcsfuse.real --foreground ...
+    /// BUCKET /dev/fd/3`.
+    #[arg(last = true, required = true, id = "command")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl HandoffArgs {
+    /// Converts the parsed arguments into the run configuration of a hand-off (SIGTERM means
+    /// the workload is gone). Without `--termination-log`, the summary goes to
+    /// `/dev/termination-log` when this process may write it.
+    pub fn into_config(self) -> RunConfig {
+        RunConfig {
+            fs: relay_fs(PathBuf::new()),
+            check_config: self.check_config,
+            relay: None,
+            handoff: Some(HandoffOptions {
+                idle_window: self.idle_window,
+                sample_every: self.idle_sample.max(Duration::from_millis(1)),
+                term_wait: self.term_wait,
+                clean_sigterm_exit: match self.clean_sigterm_exit {
+                    CleanSigtermExitArg::Code => CleanSigtermExit::Code,
+                    CleanSigtermExitArg::Signal => CleanSigtermExit::Signal,
+                },
+            }),
+            lifecycle: LifecycleConfig {
+                lower_process: LowerProcess::Spawn { argv: self.command },
+                lower_ready_timeout: Duration::ZERO,
+                lower_signal: nix::sys::signal::Signal::SIGTERM,
+                exit_files: self.triggers.exit_files,
+                watch_pid: self.triggers.watch_pid,
+                native_sidecar: true,
+                quiet_period: Duration::ZERO,
+                grace_period: self.grace_period,
+                grace_margin: grace_margin(self.grace_period, self.grace_margin),
+                summary_file: self.out.summary_file.clone(),
+                termination_log: self
+                    .out
+                    .termination_log
+                    .clone()
+                    .or_else(crate::summary::default_termination_log),
+                ready_file: self.out.ready_file.clone(),
+            },
+            admin: self.out.admin_config(),
+            log: self.out.log_config(),
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The hand-off's decisions, pure (no clock, no `/proc`, no signal: every ordering is
+//! unit-tested with fake time); the lifecycle's executor ([`crate::lifecycle`], its
+//! `handoff_path.rs`) reads the clock and gcsfuse's `/proc/PID/io`, sends the signals and
+//! reaps.
+//!
+//! In hand-off mode drainfs is not in the data path: gcsfuse holds the kernel's FUSE
+//! connection itself. What drainfs can see of it from outside is how much I/O its process
+//! does ([`IoSample`], the counters of `/proc/PID/io`, summed over its threads): a FUSE request
+//! moves them (gcsfuse reads it from `/dev/fuse` and writes its reply), and so does an upload
+//! (its HTTP connection's reads and writes). [`IdleWatch`] keeps when they last moved;
+//! gcsfuse counts as idle once they have stood still for the idle window. [`stop_step`]
+//! decides, after the sidecar mounter's stop, between waiting, ending an idle gcsfuse, and
+//! giving up at the bound; [`ending`] chooses how drainfs itself ends so that the sidecar
+//! mounter sees what it sees of gcsfuse today.
+//!
+//! What the counters cannot tell: an upload whose HTTP request is waiting for the server's
+//! answer (no byte moves). [`tcp`] tells it from gcsfuse's TCP connections (one that sent data
+//! after the last data it received waits for an answer), where the kernel lets drainfs see
+//! them; without that, such a pause longer than the idle window looks idle.
+
+pub mod tcp;
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
+use serde::Serialize;
+
+/// The counters of `/proc/PID/io` drainfs compares (bytes and system calls).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoSample {
+    /// Bytes read through read-like calls (`rchar`), sockets and `/dev/fuse` included.
+    pub rchar: u64,
+    /// Bytes written through write-like calls (`wchar`).
+    pub wchar: u64,
+    /// Read-like system calls (`syscr`).
+    pub syscr: u64,
+    /// Write-like system calls (`syscw`).
+    pub syscw: u64,
+    /// Bytes fetched from storage (`read_bytes`).
+    pub read_bytes: u64,
+    /// Bytes sent to storage (`write_bytes`).
+    pub write_bytes: u64,
+}
+
+impl IoSample {
+    /// Parses the text of `/proc/PID/io` (`name: value` lines). `None` when any of the six
+    /// counters is missing or not a number.
+    pub fn parse(text: &str) -> Option<IoSample> {
+        let mut v = [None; 6];
+        const NAMES: [&str; 6] = [
+            "rchar",
+            "wchar",
+            "syscr",
+            "syscw",
+            "read_bytes",
+            "write_bytes",
+        ];
+        for line in text.lines() {
+            let Some((k, n)) = line.split_once(':') else {
+                continue;
+            };
+            if let Some(i) = NAMES.iter().position(|name| *name == k.trim()) {
+                v[i] = Some(n.trim().parse::<u64>().ok()?);
+            }
+        }
+        Some(IoSample {
+            rchar: v[0]?,
+            wchar: v[1]?,
+            syscr: v[2]?,
+            syscw: v[3]?,
+            read_bytes: v[4]?,
+            write_bytes: v[5]?,
+        })
+    }
+}
+
+/// The least number of bytes read and written between two samples that counts as activity.
+/// Smaller changes are the Go runtime's own, not gcsfuse's work: measured on an idle gcsfuse
+/// v3.11.2, 8-byte eventfd reads and writes (the netpoller's wake-ups) and 3-byte reads, a few
+/// times a minute. A FUSE request alone reads at least 40 bytes (its header) and an HTTP
+/// exchange hundreds, so nothing that matters is below it.
+pub const NOISE_BYTES: u64 = 32;
+
+impl IoSample {
+    /// Whether going from `self` to `next` is activity: at least [`NOISE_BYTES`] read and
+    /// written, or any storage I/O (`read_bytes`, `write_bytes`: a staged write's temp file).
+    /// Counters that went backwards (another process with the pid) count too.
+    pub fn moved_to(&self, next: &IoSample) -> bool {
+        let grew = |a: u64, b: u64| b.checked_sub(a);
+        let bytes = grew(self.rchar, next.rchar)
+            .zip(grew(self.wchar, next.wchar))
+            .map(|(r, w)| r + w);
+        match bytes {
+            None => true,
+            Some(b) => {
+                b >= NOISE_BYTES
+                    || next.read_bytes != self.read_bytes
+                    || next.write_bytes != self.write_bytes
+            }
+        }
+    }
+}
+
+/// When gcsfuse's I/O counters last moved, from samples read at known times.
+///
+/// A change is dated at the sample that showed it (it happened at most one sampling
+/// interval earlier), so the stillness measured is never longer than the real one. The first
+/// sample counts as a change (nothing is known before it), and so does a sample that could
+/// not be read: while the counters cannot be read, gcsfuse is never idle. Changes below
+/// [`NOISE_BYTES`] are not activity ([`IoSample::moved_to`]).
+#[derive(Debug, Clone)]
+pub struct IdleWatch {
+    window: Duration,
+    last: Option<IoSample>,
+    moved_at: Option<Instant>,
+    unreadable: u64,
+}
+
+impl IdleWatch {
+    /// A watch with no sample yet; gcsfuse is idle once its counters stood still `window`.
+    pub fn new(window: Duration) -> IdleWatch {
+        IdleWatch {
+            window,
+            last: None,
+            moved_at: None,
+            unreadable: 0,
+        }
+    }
+
+    /// The idle window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Records a sample read at `now` (`None`: `/proc/PID/io` could not be read).
+    pub fn sample(&mut self, now: Instant, s: Option<IoSample>) {
+        self.sample_with(now, s, false);
+    }
+
+    /// [`IdleWatch::sample`], and whether one of gcsfuse's connections waits for an answer
+    /// then (`awaiting`, [`tcp::awaiting_answer`]): a request in flight is activity, although
+    /// no counter moves while the server thinks.
+    pub fn sample_with(&mut self, now: Instant, s: Option<IoSample>, awaiting: bool) {
+        if s.is_none() {
+            self.unreadable += 1;
+        }
+        let moved = awaiting
+            || match (self.last, s) {
+                (Some(a), Some(b)) => a.moved_to(&b),
+                _ => true,
+            };
+        if moved {
+            self.moved_at = Some(now);
+        }
+        self.last = s;
+    }
+
+    /// The last sample (`None` before the first, or when it could not be read).
+    pub fn last(&self) -> Option<IoSample> {
+        self.last
+    }
+
+    /// How many samples could not be read.
+    pub fn unreadable(&self) -> u64 {
+        self.unreadable
+    }
+
+    /// How long the counters have stood still at `now` (zero before the first sample, or
+    /// while the last sample could not be read).
+    pub fn still_for(&self, now: Instant) -> Duration {
+        match (self.last, self.moved_at) {
+            (Some(_), Some(t)) => now.saturating_duration_since(t),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether the counters have stood still for the whole window at `now`.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.last.is_some() && self.still_for(now) >= self.window
+    }
+
+    /// When gcsfuse becomes idle if nothing moves: the last change plus the window (`None`
+    /// while the last sample could not be read).
+    pub fn idle_at(&self) -> Option<Instant> {
+        self.last?;
+        self.moved_at.map(|t| t + self.window)
+    }
+}
+
+/// Why drainfs ends gcsfuse after a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Its counters stood still for the idle window.
+    Idle,
+    /// The bound (the sidecar mounter's 5 s less the margin) came first: gcsfuse was still
+    /// doing I/O.
+    Bound,
+    /// A second signal: stop waiting.
+    Forced,
+}
+
+/// What the executor does next while stopping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopStep {
+    /// Wait for an event, gcsfuse's exit, or `until` (then sample again and ask again).
+    Wait {
+        /// The next sample, the time gcsfuse would turn idle, or the bound, whichever first.
+        until: Instant,
+    },
+    /// End gcsfuse now, for this reason.
+    End(Stop),
+}
+
+/// After the stop: end an idle gcsfuse at once; else wait for the next sample, for the time
+/// it would turn idle, or for the `bound`, whichever comes first; give up at the bound or on a
+/// second signal (`forced`). Idle wins over the bound and the force: a gcsfuse whose counters
+/// stood still the whole window is ended as idle whenever it is seen so.
+pub fn stop_step(
+    watch: &IdleWatch,
+    now: Instant,
+    next_sample: Instant,
+    bound: Instant,
+    forced: bool,
+) -> StopStep {
+    if watch.is_idle(now) {
+        return StopStep::End(Stop::Idle);
+    }
+    if forced {
+        return StopStep::End(Stop::Forced);
+    }
+    if now >= bound {
+        return StopStep::End(Stop::Bound);
+    }
+    let mut until = next_sample.min(bound);
+    if let Some(t) = watch.idle_at() {
+        until = until.min(t.max(now));
+    }
+    StopStep::Wait { until }
+}
+
+/// How drainfs ends, from how gcsfuse ended: the summary's exit code and the signal to end
+/// by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ending {
+    /// The summary's `outcome`.
+    pub outcome: &'static str,
+    /// The summary's `exit_code`: 0 for a stop with gcsfuse idle (also when drainfs then ends
+    /// by SIGTERM), 75 when an upload may have been cut, gcsfuse's status when it ended by
+    /// itself (128+N for signal N). The process's status is 128+N when it ends by `raise`.
+    pub code: i32,
+    /// The signal drainfs ends by (default action, after its summary), if any.
+    pub raise: Option<Signal>,
+}
+
+/// The summary's `outcome` of each ending.
+pub mod outcome {
+    /// Stopped, gcsfuse idle, ended by drainfs (or it exited 0 by itself meanwhile).
+    pub const IDLE: &str = "idle";
+    /// Stopped, gcsfuse still doing I/O at the bound: SIGKILLed, an upload may be cut.
+    pub const BUSY_AT_BOUND: &str = "busy_at_bound";
+    /// A second signal while gcsfuse was not idle: SIGKILLed, an upload may be cut.
+    pub const FORCED: &str = "forced";
+    /// gcsfuse ended by itself (no stop, or not a clean exit after one): drainfs ends the
+    /// same way.
+    pub const GCSFUSE_EXITED: &str = "gcsfuse_exited";
+}
+
+/// How drainfs ends once gcsfuse ended with `status`. `stop`: why drainfs ended it (`None`:
+/// it ended by itself). `stopped`: a stop (trigger) had come. `sigterm_exit`: the stop's
+/// trigger was SIGTERM and a clean stop ends by SIGTERM (`--clean-sigterm-exit signal`), so
+/// that GKE's sidecar mounter logs "gcsfuse was terminated" and writes nothing to the error
+/// file (an exit 0 after its cancel would be the error "context canceled").
+///
+/// - Ended by drainfs when idle, or exited 0 by itself after a stop: `idle`, 0 (or SIGTERM).
+/// - Ended by drainfs at the bound or on a second signal while busy: 75 (data may be
+///   incomplete: an upload may have been cut).
+/// - Otherwise gcsfuse ended by itself: drainfs ends the same way (its exit status, or the
+///   same signal), so the sidecar mounter and the node driver see what they see of gcsfuse.
+pub fn ending(
+    stop: Option<Stop>,
+    stopped: bool,
+    sigterm_exit: bool,
+    status: &WaitStatus,
+) -> Ending {
+    let clean = Ending {
+        outcome: outcome::IDLE,
+        code: 0,
+        raise: None,
+    };
+    let clean = Ending {
+        raise: sigterm_exit.then_some(Signal::SIGTERM),
+        ..clean
+    };
+    match stop {
+        Some(Stop::Idle) => clean,
+        Some(s) => Ending {
+            outcome: if s == Stop::Bound {
+                outcome::BUSY_AT_BOUND
+            } else {
+                outcome::FORCED
+            },
+            code: crate::drain::ExitCode::Incomplete.code(),
+            raise: None,
+        },
+        None => match status {
+            WaitStatus::Exited(_, 0) if stopped => clean,
+            WaitStatus::Exited(_, code) => Ending {
+                outcome: outcome::GCSFUSE_EXITED,
+                code: *code,
+                raise: None,
+            },
+            WaitStatus::Signaled(_, sig, _) => Ending {
+                outcome: outcome::GCSFUSE_EXITED,
+                code: 128 + *sig as i32,
+                raise: Some(*sig),
+            },
+            _ => Ending {
+                outcome: outcome::GCSFUSE_EXITED,
+                code: crate::drain::ExitCode::LowerFailed.code(),
+                raise: None,
+            },
+        },
+    }
+}
+
+/// The FUSE connection's fd number, when gcsfuse's mount point (its last argument) is
+/// `/dev/fd/N` (GKE's node driver mounted the connection and hands it over); `None` for a
+/// directory (GKE's shared-mount mode, where gcsfuse mounts itself).
+pub fn kernel_fd(argv: &[std::ffi::OsString]) -> Option<RawFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let last = argv.last()?;
+    let n = last.as_bytes().strip_prefix(b"/dev/fd/")?;
+    std::str::from_utf8(n)
+        .ok()?
+        .parse::<RawFd>()
+        .ok()
+        .filter(|n| *n >= 0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+use super::*;
+
+const WINDOW: Duration = Duration::from_millis(300);
+const EVERY: Duration = Duration::from_millis(20);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Counters `n` kilobytes into the run.
+fn io(n: u64) -> IoSample {
+    IoSample {
+        wchar: n * 1000,
+        ..IoSample::default()
+    }
+}
+
+/// Drives the stop as the executor does, in fake time: a sample every [`EVERY`] (the
+/// counters at time `t` are `counters(t)`, `None` when unreadable), a stop at `stop_at`, the
+/// bound at `bound`, a second signal at `forced_at`. Returns how and when (since the start)
+/// drainfs ends gcsfuse.
+fn drive(
+    counters: impl Fn(Duration) -> Option<u64>,
+    stop_at: Duration,
+    bound: Duration,
+    forced_at: Option<Duration>,
+) -> (Stop, Duration) {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    let mut next_sample = t0;
+    let mut now = t0;
+    // Serving: samples every EVERY until the stop.
+    while now - t0 < stop_at {
+        w.sample(now, counters(now - t0).map(io));
+        next_sample = now + EVERY;
+        now = next_sample.min(t0 + stop_at);
+    }
+    for _ in 0..10_000 {
+        if now >= next_sample {
+            w.sample(now, counters(now - t0).map(io));
+            next_sample = now + EVERY;
+        }
+        let forced = forced_at.is_some_and(|f| now - t0 >= f);
+        match stop_step(&w, now, next_sample, t0 + bound, forced) {
+            StopStep::End(s) => return (s, now - t0),
+            StopStep::Wait { until } => {
+                assert!(until > now, "no progress at {:?}", now - t0);
+                // A second signal wakes the executor at once.
+                now = match forced_at.map(|f| t0 + f) {
+                    Some(f) if f > now && f < until => f,
+                    _ => until,
+                };
+            }
+        }
+    }
+    panic!("never ended");
+}
+
+#[test]
+fn parses_proc_pid_io() {
+    let text = "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\nread_bytes: 5\nwrite_bytes: 6\ncancelled_write_bytes: 7\n";
+    assert_eq!(
+        IoSample::parse(text),
+        Some(IoSample {
+            rchar: 1,
+            wchar: 2,
+            syscr: 3,
+            syscw: 4,
+            read_bytes: 5,
+            write_bytes: 6
+        })
+    );
+    assert_eq!(IoSample::parse("rchar: 1\n"), None);
+    assert_eq!(IoSample::parse(&text.replace("2", "x")), None);
+}
+
+/// A gcsfuse idle long before the stop is ended at once: the stillness seen while serving
+/// counts.
+#[test]
+fn idle_before_the_stop_ends_at_once() {
+    let (s, at) = drive(
+        |t| {
+            Some(if t < ms(100) {
+                t.as_millis() as u64
+            } else {
+                100
+            })
+        },
+        ms(2000),
+        ms(4500),
+        None,
+    );
+    assert_eq!((s, at), (Stop::Idle, ms(2000)));
+}
+
+/// Activity up to the stop: ended one window after the last change was seen, not sooner.
+#[test]
+fn activity_until_the_stop_waits_one_window() {
+    let last = ms(1000);
+    let (s, at) = drive(
+        |t| Some(t.min(last).as_millis() as u64),
+        last,
+        ms(4500),
+        None,
+    );
+    assert_eq!(s, Stop::Idle);
+    assert!(at >= last + WINDOW, "{at:?}");
+    assert!(at <= last + WINDOW + EVERY, "{at:?}");
+}
+
+/// An upload in flight that moves its counters with pauses shorter than the window is
+/// never cut: drainfs waits until it has ended (plus the window).
+#[test]
+fn an_upload_with_short_pauses_is_waited_for() {
+    // Moves for 40 ms, pauses 200 ms (< WINDOW), until 2.5 s after the start: the last
+    // move ends at 2.44 s.
+    let end = ms(2500);
+    let counters = |t: Duration| {
+        let t = t.min(end).as_millis() as u64;
+        Some((t / 240) * 40 + (t % 240).min(40))
+    };
+    let (s, at) = drive(counters, ms(1000), ms(4500), None);
+    assert_eq!(s, Stop::Idle);
+    assert!(at >= ms(2440) + WINDOW, "cut at {at:?}");
+    assert!(at <= ms(2440) + WINDOW + EVERY, "{at:?}");
+}
+
+/// Busy until past the bound: given up at the bound, not before.
+#[test]
+fn busy_at_the_bound_gives_up_there() {
+    let (s, at) = drive(|t| Some(t.as_millis() as u64), ms(1000), ms(4500), None);
+    assert_eq!((s, at), (Stop::Bound, ms(4500)));
+}
+
+/// Unreadable counters never count as idle: the bound ends it.
+#[test]
+fn unreadable_counters_are_never_idle() {
+    let (s, at) = drive(|_| None, ms(1000), ms(4500), None);
+    assert_eq!((s, at), (Stop::Bound, ms(4500)));
+    // Readable again: idle one window later.
+    let (s, at) = drive(|t| (t >= ms(2000)).then_some(7), ms(1000), ms(4500), None);
+    assert_eq!(s, Stop::Idle);
+    assert!(
+        at >= ms(2000) + WINDOW && at <= ms(2000) + WINDOW + EVERY,
+        "{at:?}"
+    );
+}
+
+/// A second signal while busy ends it at once; while idle it changes nothing.
+#[test]
+fn a_second_signal_forces_only_a_busy_gcsfuse() {
+    let (s, at) = drive(
+        |t| Some(t.as_millis() as u64),
+        ms(1000),
+        ms(4500),
+        Some(ms(1500)),
+    );
+    assert_eq!((s, at), (Stop::Forced, ms(1500)));
+    let (s, at) = drive(|_| Some(1), ms(1000), ms(4500), Some(ms(1000)));
+    assert_eq!((s, at), (Stop::Idle, ms(1000)));
+}
+
+/// The Go runtime's own tiny reads and writes (eventfd wake-ups, 3-byte reads) are not
+/// activity; a FUSE request's 40-byte header is, and so is any storage I/O.
+#[test]
+fn the_runtime_s_own_tiny_io_is_not_activity() {
+    let a = IoSample {
+        rchar: 4108,
+        wchar: 7091,
+        syscr: 38,
+        syscw: 22,
+        read_bytes: 4096,
+        write_bytes: 0,
+    };
+    let noise = IoSample {
+        rchar: a.rchar + 3 + 8,
+        wchar: a.wchar + 8,
+        syscr: a.syscr + 2,
+        syscw: a.syscw + 1,
+        ..a
+    };
+    assert!(!a.moved_to(&noise));
+    assert!(!a.moved_to(&a));
+    let request = IoSample {
+        rchar: a.rchar + 40,
+        ..a
+    };
+    assert!(a.moved_to(&request));
+    let storage = IoSample {
+        write_bytes: 4096,
+        ..a
+    };
+    assert!(a.moved_to(&storage));
+    assert!(request.moved_to(&a), "counters that went backwards");
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    w.sample(t0, Some(a));
+    w.sample(t0 + ms(200), Some(noise));
+    assert!(w.is_idle(t0 + WINDOW));
+}
+
+/// A request waiting for its answer (no counter moves while the server thinks) is activity.
+#[test]
+fn a_request_waiting_for_its_answer_is_activity() {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    w.sample(t0, Some(io(1)));
+    for i in 1..=20 {
+        w.sample_with(t0 + ms(100 * i), Some(io(1)), true);
+    }
+    assert!(!w.is_idle(t0 + ms(2000)));
+    w.sample_with(t0 + ms(2100), Some(io(1)), false);
+    assert!(!w.is_idle(t0 + ms(2000) + WINDOW - ms(1)));
+    assert!(w.is_idle(t0 + ms(2000) + WINDOW));
+}
+
+#[test]
+fn the_first_sample_is_a_change() {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    assert!(!w.is_idle(t0));
+    assert_eq!(w.idle_at(), None);
+    w.sample(t0, Some(io(1)));
+    assert!(!w.is_idle(t0 + WINDOW - ms(1)));
+    assert!(w.is_idle(t0 + WINDOW));
+    assert_eq!(w.idle_at(), Some(t0 + WINDOW));
+    w.sample(t0 + ms(10), None);
+    assert_eq!((w.unreadable(), w.is_idle(t0 + ms(1000))), (1, false));
+}
+
+#[test]
+fn drainfs_ends_as_the_sidecar_mounter_expects() {
+    let pid = nix::unistd::Pid::from_raw(5);
+    let exited = |c| WaitStatus::Exited(pid, c);
+    let killed = WaitStatus::Signaled(pid, Signal::SIGKILL, false);
+    let term = Some(Signal::SIGTERM);
+    // Idle after the sidecar mounter's SIGTERM: ends by SIGTERM (no "context canceled").
+    let e = ending(Some(Stop::Idle), true, true, &killed);
+    assert_eq!((e.outcome, e.code, e.raise), (outcome::IDLE, 0, term));
+    assert_eq!(ending(Some(Stop::Idle), true, false, &killed).code, 0);
+    // Busy at the bound, or forced while busy: 75.
+    let e = ending(Some(Stop::Bound), true, true, &killed);
+    assert_eq!(
+        (e.outcome, e.code, e.raise),
+        (outcome::BUSY_AT_BOUND, 75, None)
+    );
+    assert_eq!(ending(Some(Stop::Forced), true, true, &killed).code, 75);
+    // gcsfuse ended by itself: the same status.
+    let e = ending(None, false, true, &exited(1));
+    assert_eq!(
+        (e.outcome, e.code, e.raise),
+        (outcome::GCSFUSE_EXITED, 1, None)
+    );
+    let e = ending(None, false, true, &killed);
+    assert_eq!((e.code, e.raise), (137, Some(Signal::SIGKILL)));
+    assert_eq!(ending(None, false, true, &exited(0)).code, 0);
+    // Exit 0 by itself after a stop: a clean stop.
+    assert_eq!(ending(None, true, true, &exited(0)).raise, term);
+    // Anything else by itself after a stop: still mirrored.
+    assert_eq!(ending(None, true, true, &exited(2)).code, 2);
+}
+
+#[test]
+fn the_kernel_fd_is_the_dev_fd_mount_point() {
+    let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+    assert_eq!(
+        kernel_fd(&os(&["/gcsfuse.real", "--foreground", "b", "/dev/fd/3"])),
+        Some(3)
+    );
+    assert_eq!(kernel_fd(&os(&["g", "b", "/mnt/gcs"])), None);
+    assert_eq!(kernel_fd(&os(&["g", "/dev/fd/3", "b", "/mnt"])), None);
+    assert_eq!(kernel_fd(&os(&["g", "b", "/dev/fd/x"])), None);
+    assert_eq!(kernel_fd(&os(&[])), None);
+}

@@ -1,0 +1,437 @@
+//! The hand-off data path, which serves nothing: drainfs starts the lower's process (the
+//! real gcsfuse) with its own argv, environment, stdio and the kernel's FUSE fd
+//! (`/dev/fd/N`) untouched, closes its own copy of that fd, and stays its parent (it dies
+//! with drainfs: [`crate::procs::die_with_parent`]). gcsfuse holds the kernel's connection
+//! itself, so the door, the counts and the drain are empty: the machine tears down as soon
+//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io` every
+//! `sample_every` ([`IdleWatch`]); the teardown waits until the counters have stood still for
+//! the idle window (or the bound: the sidecar mounter's 5 s less the margin), then ends
+//! gcsfuse (SIGTERM, SIGKILL after `term_wait`: gcsfuse v3.11.2 cannot unmount a `/dev/fd/N`
+//! mount, so it would serve on for 30 s) and reaps it. The decisions are pure
+//! ([`crate::handoff`]); this file only reads, signals and waits.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
+use tokio::time::Instant as TokioInstant;
+
+use super::data_path::{DataPath, PathEvent};
+use super::executor::Executor;
+use super::lower::Lower;
+use crate::config::{CleanSigtermExit, HandoffOptions, LowerProcess};
+use crate::drain::{Cause, Ending, ExitCode, Phase};
+use crate::fs::Admission;
+use crate::handoff::{self, IdleWatch, IoSample, Stop, StopStep};
+use crate::summary::{HandoffFacts, HandoffSummary, LogEntry};
+use crate::{procs, summary};
+
+/// gcsfuse as handed the connection: its pid and what is known of its I/O.
+pub(super) struct HandoffPath {
+    pid: i32,
+    opts: HandoffOptions,
+    watch: IdleWatch,
+    next_sample: Instant,
+    /// The `sock_diag` socket that shows gcsfuse's TCP connections (`None` once it failed:
+    /// the counters alone decide).
+    diag: Option<Diag>,
+    /// Why the connections could not be seen, once they could not.
+    diag_failed: Option<String>,
+}
+
+impl DataPath for HandoffPath {
+    type Start = ();
+
+    async fn start(ex: &mut Executor, _: ()) -> Result<Self, ExitCode> {
+        let opts = ex.cfg.handoff.clone().ok_or(ExitCode::Usage)?;
+        let LowerProcess::Spawn { argv } = ex.cfg.lifecycle.lower_process.clone() else {
+            return Err(ExitCode::Usage);
+        };
+        ex.record.handoff = Some(HandoffFacts {
+            idle_window: opts.idle_window,
+            ..HandoffFacts::default()
+        });
+        let (pid, exit) = match spawn_handed(&argv) {
+            Ok(v) => v,
+            Err(e) => {
+                let what = format!("cannot start {}: {e}", argv[0].to_string_lossy());
+                // The sidecar mounter copies this to the volume's error file, as it would
+                // its own failure to start gcsfuse.
+                eprintln!("drainfs: error: {what}");
+                tracing::error!(error = %e, "cannot start gcsfuse");
+                ex.record.notes.push(what.clone());
+                ex.on_event(super::Event::Trigger(Cause::LowerDied { detail: what }));
+                return Err(ExitCode::LowerFailed);
+            }
+        };
+        // gcsfuse holds the connection now; drainfs's copies would keep the mount alive (hung)
+        // after gcsfuse dies, instead of failing it.
+        let closed = procs::close_fuse_fds(None);
+        tracing::debug!(fds = ?closed, "handoff: closed drainfs's copies of the FUSE connection");
+        tracing::info!(
+            pid,
+            gcsfuse = %argv[0].to_string_lossy(),
+            idle_window = ?opts.idle_window,
+            "handoff: gcsfuse started on the kernel's connection; drainfs is not in the data path"
+        );
+        ex.lower = Lower::spawned(pid, exit);
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.gcsfuse_pid = Some(pid);
+        }
+        ex.shared.set_lower_up(true);
+        ex.shared.set_started();
+        ex.serving("gcsfuse started");
+        let (diag, diag_failed) = match Diag::open() {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e)),
+        };
+        let mut hp = HandoffPath {
+            pid,
+            watch: IdleWatch::new(opts.idle_window),
+            next_sample: Instant::now(),
+            opts,
+            diag,
+            diag_failed,
+        };
+        hp.sample();
+        Ok(hp)
+    }
+
+    /// Samples gcsfuse's counters on time; nothing to report.
+    async fn next_event(&mut self, _: &Admission, _: bool) -> PathEvent {
+        tokio::time::sleep_until(TokioInstant::from_std(self.next_sample)).await;
+        self.sample();
+        PathEvent::Nothing
+    }
+
+    fn open_paths(&self, _: usize) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn admitted_paths(&self, _: usize) -> Vec<String> {
+        Vec::new()
+    }
+
+    async fn unmounted_externally(&mut self, _: &mut Executor) {}
+
+    fn provisional(&self, ex: &Executor) -> Option<LogEntry> {
+        let mut record = ex.record.clone();
+        if let Some(f) = record.handoff.as_mut() {
+            f.bound_ms = bound_ms(ex);
+        }
+        Some(HandoffSummary::provisional(&ex.machine, &record).into())
+    }
+
+    async fn teardown(mut self, ex: &mut Executor, _: Ending) -> ExitCode {
+        ex.advance(Phase::StoppingLower, "waiting for gcsfuse to be idle");
+        let bound = bound_ms(ex);
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.bound_ms = bound;
+        }
+        if ex.lower.exited().is_none() {
+            let stop = self.wait_idle(ex).await;
+            if let Some(stop) = stop {
+                self.end_gcsfuse(ex, stop).await;
+            }
+        }
+        let st = ex.lower.exited();
+        if let Some(st) = &st {
+            ex.record.lower_exit = Some(procs::describe(st));
+        }
+        ex.record.timings.lower_exited_ms = ex.ms_since_trigger();
+        ex.shared.set_lower_up(false);
+        ExitCode::Clean
+    }
+}
+
+impl HandoffPath {
+    /// Reads gcsfuse's counters into the watch and schedules the next read.
+    fn sample(&mut self) {
+        let now = Instant::now();
+        let io = read_io(self.pid);
+        let moved = match (self.watch.last(), io) {
+            (Some(a), Some(b)) => a.moved_to(&b),
+            (a, b) => a.is_some() != b.is_some(),
+        };
+        // Only while the counters stand still: a connection waiting for an answer.
+        let awaiting = !moved && self.awaiting_answer();
+        if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
+            tracing::debug!(io = ?io, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
+        }
+        self.watch.sample_with(now, io, awaiting);
+        self.next_sample = now + self.opts.sample_every;
+    }
+
+    /// Whether one of gcsfuse's TCP connections waits for an answer ([`handoff::tcp`]); false
+    /// when that cannot be seen (the first failure is kept for the summary, and the counters
+    /// alone decide from then on).
+    fn awaiting_answer(&mut self) -> bool {
+        let Some(diag) = self.diag.as_mut() else {
+            return false;
+        };
+        let links: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let owned = handoff::tcp::socket_inodes(links.iter().map(String::as_str));
+        if owned.is_empty() {
+            return false;
+        }
+        match diag.established() {
+            Ok(socks) => handoff::tcp::awaiting_answer(&socks, &owned),
+            Err(e) => {
+                tracing::warn!(error = %e, "handoff: cannot see gcsfuse's TCP connections (sock_diag); its I/O counters alone decide when it is idle");
+                self.diag = None;
+                self.diag_failed = Some(e);
+                false
+            }
+        }
+    }
+
+    /// After the trigger: waits until gcsfuse is idle, the bound, a second signal, or
+    /// gcsfuse's own exit (`None`). Samples at every wake-up (so that "idle" is never decided
+    /// on a sample older than the decision), and on time in between; triggers are fed to the
+    /// machine.
+    async fn wait_idle(&mut self, ex: &mut Executor) -> Option<Stop> {
+        let bound = ex.machine.force_at().unwrap_or_else(Instant::now);
+        loop {
+            self.sample();
+            let now = Instant::now();
+            let forced = ex.machine.forced().is_some();
+            let until = match handoff::stop_step(&self.watch, now, self.next_sample, bound, forced)
+            {
+                StopStep::End(stop) => {
+                    self.note_stop(ex, stop, now);
+                    return Some(stop);
+                }
+                StopStep::Wait { until } => until,
+            };
+            let exited = ex.lower.wait();
+            tokio::select! {
+                ev = ex.events.recv() => if let Some(ev) = ev { ex.on_event(ev) },
+                st = exited => {
+                    tracing::info!(status = %procs::describe(&st), "handoff: gcsfuse exited by itself while drainfs waited for it to be idle");
+                    return None;
+                }
+                _ = tokio::time::sleep_until(TokioInstant::from_std(until)) => {}
+            }
+        }
+    }
+
+    /// Records why and when drainfs ends gcsfuse.
+    fn note_stop(&self, ex: &mut Executor, stop: Stop, now: Instant) {
+        let still = self.watch.still_for(now);
+        let at = ex.ms_since(Some(now));
+        match stop {
+            Stop::Idle => tracing::info!(
+                still_ms = still.as_millis() as u64,
+                "handoff: gcsfuse is idle (its I/O counters stood still for the idle window): ending it"
+            ),
+            Stop::Bound => {
+                tracing::warn!(
+                    still_ms = still.as_millis() as u64,
+                    "handoff: gcsfuse was still doing I/O at the bound: SIGKILL (an upload may be cut)"
+                );
+                ex.record.notes.push(format!(
+                    "gcsfuse was still doing I/O (its counters last moved {} ms before) when drainfs gave up waiting: an upload may have been cut",
+                    still.as_millis()
+                ));
+            }
+            Stop::Forced => {
+                tracing::warn!("handoff: a second signal while gcsfuse was not idle: SIGKILL");
+                ex.record.notes.push(
+                    "a second signal came while gcsfuse was still doing I/O: an upload may have been cut".into(),
+                );
+            }
+        }
+        if let Some(e) = &self.diag_failed {
+            ex.record.notes.push(format!(
+                "drainfs could not see gcsfuse's TCP connections ({e}): an upload waiting for the server's answer longer than the idle window would have looked idle"
+            ));
+        }
+        if self.watch.unreadable() > 0 {
+            ex.record.notes.push(format!(
+                "{} reads of gcsfuse's /proc/PID/io failed; while they fail gcsfuse never counts as idle",
+                self.watch.unreadable()
+            ));
+        }
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.stop = Some(stop);
+            f.still_ms = Some(still.as_millis() as u64);
+            f.idle_ms = (stop == Stop::Idle).then_some(at).flatten();
+            f.unreadable_samples = self.watch.unreadable();
+        }
+    }
+
+    /// Ends gcsfuse: an idle one by SIGTERM, SIGKILL if it has not exited within `term_wait`
+    /// (or the hard exit); a busy one (bound, second signal) by SIGKILL at once. Waits for
+    /// the reaper within the kill budget.
+    async fn end_gcsfuse(&self, ex: &mut Executor, stop: Stop) {
+        let pid = nix::unistd::Pid::from_raw(self.pid);
+        let mut ended_by = "SIGKILL";
+        if stop == Stop::Idle && !self.opts.term_wait.is_zero() {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            ended_by = "SIGTERM";
+            let wait = ex.lower.wait();
+            let term_wait = self.opts.term_wait;
+            if ex
+                .bounded(|b| b.lower_stop.min(term_wait), wait)
+                .await
+                .is_none()
+            {
+                ended_by = "SIGKILL";
+            }
+        }
+        if ended_by == "SIGKILL" {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            let wait = ex.lower.wait();
+            let reaped = ex
+                .bounded(|b| b.lower_kill.max(Duration::from_millis(500)), wait)
+                .await;
+            if reaped.is_none() {
+                ex.record
+                    .notes
+                    .push("gcsfuse was SIGKILLed but not reaped in time".into());
+            }
+        }
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.ended_by = Some(ended_by);
+        }
+    }
+}
+
+/// Milliseconds from the first trigger to the bound (the machine's deadline).
+fn bound_ms(ex: &Executor) -> Option<u64> {
+    ex.ms_since(ex.machine.force_at())
+}
+
+/// Starts `argv` as handed over: stdio, environment and every inherited fd (the kernel's
+/// `/dev/fd/N` among them) as drainfs got them, an empty signal mask, and death with drainfs.
+fn spawn_handed(
+    argv: &[std::ffi::OsString],
+) -> std::io::Result<(i32, tokio::sync::oneshot::Receiver<WaitStatus>)> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    procs::die_with_parent(&mut cmd);
+    let (child, exit) = procs::spawn(&mut cmd)?;
+    Ok((child.id() as i32, exit))
+}
+
+/// A `NETLINK_SOCK_DIAG` socket: the kernel's dump of the TCP sockets of drainfs's network
+/// namespace (gcsfuse's), with their `tcp_info`. Unprivileged.
+struct Diag {
+    fd: std::os::fd::OwnedFd,
+    seq: u32,
+}
+
+impl Diag {
+    /// Opens the socket (close-on-exec, 200 ms receive timeout).
+    fn open() -> Result<Diag, String> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the fd is owned at once.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        if raw < 0 {
+            return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a new fd nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let tv = nix::sys::time::TimeVal::new(0, 200_000);
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+            .map_err(|e| format!("SO_RCVTIMEO: {e}"))?;
+        Ok(Diag { fd, seq: 0 })
+    }
+
+    /// The established TCP sockets (IPv4 and IPv6) with their last data times.
+    fn established(&mut self) -> Result<Vec<handoff::tcp::TcpSock>, String> {
+        use std::os::fd::AsRawFd;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 32 << 10];
+        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+            self.seq = self.seq.wrapping_add(1);
+            let req = handoff::tcp::dump_request(family, self.seq);
+            // SAFETY: `req` is a valid buffer of its length; the fd is open.
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+            if n < 0 {
+                return Err(format!("send: {}", std::io::Error::last_os_error()));
+            }
+            loop {
+                // SAFETY: `buf` is writable for its length; the fd is open.
+                let n = unsafe {
+                    libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                };
+                if n < 0 {
+                    return Err(format!("recv: {}", std::io::Error::last_os_error()));
+                }
+                let (socks, done) = handoff::tcp::parse_dump(&buf[..n as usize])
+                    .map_err(|e| format!("sock_diag: {}", nix::errno::Errno::from_raw(e)))?;
+                out.extend(socks);
+                if done || n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// gcsfuse's counters now (`None` when `/proc/PID/io` cannot be read or parsed).
+fn read_io(pid: i32) -> Option<IoSample> {
+    IoSample::parse(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// The end of a hand-off: the summary (from the record and the machine) and how drainfs
+/// ends ([`handoff::ending`]).
+pub(super) fn finish(ex: &mut Executor) -> (HandoffSummary, super::Exit) {
+    ex.end_run();
+    let stop = ex.record.handoff.as_ref().and_then(|f| f.stop);
+    let sigterm_exit = matches!(ex.machine.first_trigger(), Some((_, Cause::Sigterm)))
+        && ex
+            .cfg
+            .handoff
+            .as_ref()
+            .is_some_and(|o| o.clean_sigterm_exit == CleanSigtermExit::Signal);
+    let status = ex
+        .lower
+        .exited()
+        .unwrap_or(WaitStatus::Exited(nix::unistd::Pid::from_raw(0), 0));
+    // A stop from outside (not gcsfuse's own end, which the serve loop reports as a trigger).
+    let stopped = ex
+        .machine
+        .first_trigger()
+        .is_some_and(|(_, c)| !matches!(c, Cause::LowerDied { .. }));
+    let mut ending = handoff::ending(stop, stopped, sigterm_exit, &status);
+    if ex.lower.exited().is_none()
+        && ex
+            .record
+            .handoff
+            .as_ref()
+            .and_then(|f| f.gcsfuse_pid)
+            .is_none()
+    {
+        // gcsfuse never started.
+        ending = handoff::Ending {
+            outcome: handoff::outcome::GCSFUSE_EXITED,
+            code: ExitCode::LowerFailed.code(),
+            raise: None,
+        };
+    }
+    let s = summary::HandoffSummary::new(&ending, &ex.machine, &ex.record);
+    (
+        s,
+        super::Exit {
+            code: ending.raise.map_or(ending.code, |sig| 128 + sig as i32),
+            raise: ending.raise,
+        },
+    )
+}
