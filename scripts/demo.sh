@@ -560,7 +560,7 @@ managed_run() {
         ln -sfn "$DRAINFS" "$d/dropin/gcsfuse"   # drainfs runs as the gcsfuse drop-in by its name
         gpath="$d/dropin/gcsfuse"
         env=(DRAINFS_REAL_GCSFUSE="$LOWERS_BIN/gcsfuse" DRAINFS_SUMMARY_FILE="$var/summary.json"
-            DRAINFS_SOCKET_BUFFER=212992)
+            DRAINFS_SOCKET_BUFFER=212992 DRAINFS_DROPIN_MODE=relay)
     else
         gpath="$LOWERS_BIN/gcsfuse"
     fi

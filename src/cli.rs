@@ -119,7 +119,8 @@ connection itself and drainfs ends it once idle after the sidecar mounter's SIGT
 volume's mount option drainfs-mode=relay (argv --drainfs-mode=relay, or the key drainfs-mode:
 relay in gcsfuse's --config-file; drainfs removes it before gcsfuse sees it) it runs instead
   drainfs relay --log-to-stdout --log-format json --clean-sigterm-exit signal -- REAL ARGS...
-drainfs-idle-window=DURATION sets the hand-off's --idle-window. DRAINFS_LOG_FORMAT and
+drainfs-idle-window=DURATION sets the hand-off's --idle-window. Without drainfs-mode,
+DRAINFS_DROPIN_MODE (handoff or relay; the relay image sets relay) chooses. DRAINFS_LOG_FORMAT and
 DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those defaults. A mount point that is not
 /dev/fd/N (GKE's shared-mount mode), `gcsfuse --version` and `gcsfuse --help` (alone): REAL
 is exec'ed. The deadline is 5 s by default (GKE's sidecar mounter SIGKILLs its child 5 s after

@@ -15,6 +15,9 @@
 //!   `drainfs handoff`, `relay` runs `drainfs relay` (drainfs in the data path).
 //! - `drainfs-idle-window=DURATION`: the hand-off's `--idle-window`.
 //!
+//! Without `drainfs-mode`, `DRAINFS_DROPIN_MODE` (the image's environment) chooses, else the
+//! hand-off.
+//!
 //! A mount point that is not `/dev/fd/N` (GKE's shared-mount mode, where gcsfuse mounts a
 //! directory itself) has no connection to hand off or relay: the real gcsfuse is exec'ed
 //! with the arguments (drainfs's options removed).
@@ -135,13 +138,22 @@ pub fn take_yaml_keys(text: &str) -> Result<(Found, Option<String>), String> {
     Ok((found, changed.then_some(kept)))
 }
 
+/// The environment variable that sets the drop-in's mode when no volume asks for one: the
+/// image's environment reaches the drop-in (GKE's webhook discards only the pod's), so an image
+/// built for the relay sets `DRAINFS_DROPIN_MODE=relay`.
+pub const MODE_ENV: &str = "DRAINFS_DROPIN_MODE";
+
 /// Chooses the mode and the idle window from drainfs's options (from argv and the config
-/// file). The default mode is [`Mode::Handoff`].
+/// file); without `drainfs-mode`, the mode is `env_mode` (`DRAINFS_DROPIN_MODE`), else
+/// [`Mode::Handoff`].
 ///
 /// # Errors
-/// An unknown `drainfs-*` option, an unknown mode, two different values for one option, or
-/// an idle window with the relay (which has none).
-pub fn choose(options: &[(String, String)]) -> Result<(Mode, Option<String>), String> {
+/// An unknown `drainfs-*` option, an unknown mode (in an option or in `env_mode`), two
+/// different values for one option, or an idle window with the relay (which has none).
+pub fn choose(
+    options: &[(String, String)],
+    env_mode: Option<&str>,
+) -> Result<(Mode, Option<String>), String> {
     let mut mode = None;
     let mut idle = None;
     for (name, value) in options {
@@ -162,14 +174,19 @@ pub fn choose(options: &[(String, String)]) -> Result<(Mode, Option<String>), St
         }
         *slot = Some(value.clone());
     }
-    let mode = match mode.as_deref() {
-        None | Some("handoff") => Mode::Handoff,
-        Some("relay") => Mode::Relay,
-        Some(other) => {
-            return Err(format!(
-                "mount option {MODE}={other}: unknown mode; use handoff (the default) or relay"
-            ));
-        }
+    let parse = |v: &str| match v {
+        "handoff" => Some(Mode::Handoff),
+        "relay" => Some(Mode::Relay),
+        _ => None,
+    };
+    let mode = match (mode.as_deref(), env_mode) {
+        (Some(v), _) => parse(v).ok_or_else(|| {
+            format!("mount option {MODE}={v}: unknown mode; use handoff (the default) or relay")
+        })?,
+        (None, Some(v)) => parse(v).ok_or_else(|| {
+            format!("{MODE_ENV}={v}: unknown mode; use handoff (the default) or relay")
+        })?,
+        (None, None) => Mode::Handoff,
     };
     if let Some(w) = &idle {
         crate::cli::parse_duration(w).map_err(|e| format!("mount option {IDLE_WINDOW}: {e}"))?;
@@ -220,7 +237,7 @@ pub fn cleaned_config_path(path: &Path) -> PathBuf {
 /// # Errors
 /// Exit 2 with a message for a bad option ([`take_flags`], [`take_yaml_keys`], [`choose`]);
 /// exit 1 when the config file cannot be read or its copy cannot be written.
-pub fn plan(args: &[OsString]) -> Result<Plan, (ExitCode, String)> {
+pub fn plan(args: &[OsString], env_mode: Option<&str>) -> Result<Plan, (ExitCode, String)> {
     let usage = |e: String| (ExitCode::Usage, e);
     let (mut options, mut args) = take_flags(args).map_err(usage)?;
     if let Some((i, joined, path)) = config_file(&args) {
@@ -252,7 +269,7 @@ pub fn plan(args: &[OsString]) -> Result<Plan, (ExitCode, String)> {
             options.extend(found);
         }
     }
-    let (mode, idle_window) = choose(&options).map_err(usage)?;
+    let (mode, idle_window) = choose(&options, env_mode).map_err(usage)?;
     let fd_mount = crate::handoff::kernel_fd(&args).is_some();
     Ok(Plan {
         mode,
@@ -316,7 +333,8 @@ pub fn command_line(real: OsString, rest: Vec<OsString>) -> Vec<OsString> {
     {
         exec(&real, &rest);
     }
-    let plan = match plan(&rest) {
+    let env_mode = std::env::var_os(MODE_ENV).map(|v| v.to_string_lossy().into_owned());
+    let plan = match plan(&rest, env_mode.as_deref()) {
         Ok(p) => p,
         Err((code, e)) => {
             eprintln!("drainfs: error: {e}");

@@ -14,8 +14,11 @@
 //! mounter sees what it sees of gcsfuse today.
 //!
 //! What the counters cannot tell: an upload whose HTTP request is waiting for the server's
-//! answer (no byte moves) for longer than the idle window looks idle. The window is the
-//! trade-off between that and the time a stop takes; see docs/configuration.md.
+//! answer (no byte moves). [`tcp`] tells it from gcsfuse's TCP connections (one that sent data
+//! after the last data it received waits for an answer), where the kernel lets drainfs see
+//! them; without that, such a pause longer than the idle window looks idle.
+
+pub mod tcp;
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -133,13 +136,21 @@ impl IdleWatch {
 
     /// Records a sample read at `now` (`None`: `/proc/PID/io` could not be read).
     pub fn sample(&mut self, now: Instant, s: Option<IoSample>) {
+        self.sample_with(now, s, false);
+    }
+
+    /// [`IdleWatch::sample`], and whether one of gcsfuse's connections waits for an answer
+    /// then (`awaiting`, [`tcp::awaiting_answer`]): a request in flight is activity, although
+    /// no counter moves while the server thinks.
+    pub fn sample_with(&mut self, now: Instant, s: Option<IoSample>, awaiting: bool) {
         if s.is_none() {
             self.unreadable += 1;
         }
-        let moved = match (self.last, s) {
-            (Some(a), Some(b)) => a.moved_to(&b),
-            _ => true,
-        };
+        let moved = awaiting
+            || match (self.last, s) {
+                (Some(a), Some(b)) => a.moved_to(&b),
+                _ => true,
+            };
         if moved {
             self.moved_at = Some(now);
         }

@@ -30,8 +30,9 @@ lowers="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin"
 GCSFUSE_VERSION=3.11.2
 SIDECAR_VERSION=v1.24.4
 relay_admin_addr="${DRAINFS_RELAY_ADMIN_ADDR-0.0.0.0:29090}"
-relay_env=()
-[[ -z "$relay_admin_addr" ]] || relay_env=(--config.env "DRAINFS_ADMIN_ADDR=$relay_admin_addr")
+# The relay image runs the drop-in as the relay (its own default is the hand-off).
+relay_env=(--config.env "DRAINFS_DROPIN_MODE=relay")
+[[ -z "$relay_admin_addr" ]] || relay_env+=(--config.env "DRAINFS_ADMIN_ADDR=$relay_admin_addr")
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
 need=()

@@ -607,6 +607,7 @@ def tail_run(ctx, arr, stop, n):
             f.write(f"/gcsfuse-tmp/.volumes/{vol}\n/gcsfuse-buffer/.volumes/{vol}\n")
         gcsfuse_path = ctx.gcsfuse if arr == "stock" else ctx.dropin
         env["DRAINFS_REAL_GCSFUSE"] = ctx.gcsfuse
+        env["DRAINFS_DROPIN_MODE"] = "relay"  # the drop-in's default is the hand-off
         env["DRAINFS_SUMMARY_FILE"] = summary
         cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
                "--bucket", ctx.server["bucket"], "--stop", "native" if stop == "native" else "exit-file",

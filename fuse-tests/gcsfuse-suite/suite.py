@@ -216,6 +216,7 @@ class Target:
         else:
             cmd = self.sidecar_argv()
             env["DRAINFS_REAL_GCSFUSE"] = self.ctx.gcsfuse
+            env["DRAINFS_DROPIN_MODE"] = "relay"  # the drop-in's default is the hand-off
             env["DRAINFS_SUMMARY_FILE"] = self.summary
         with open(self.log_path, "ab") as logf:
             logf.write(("$ " + " ".join(cmd) + "\n").encode())

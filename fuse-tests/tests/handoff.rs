@@ -21,7 +21,7 @@ use fuse_tests::holder::Holder;
 use fuse_tests::lowers::{Kind, Object, Server, object_of};
 use fuse_tests::process::Proc;
 use fuse_tests::process::{cmdline, pid_exists, proc_status_field};
-use fuse_tests::wait::{summary_at, wait_until};
+use fuse_tests::wait::{read_json, summary_at, wait_until};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -168,10 +168,11 @@ fn handoff_stop_right_after_the_last_close_waits_out_the_window() {
 /// uploading inside gcsfuse's FLUSH (a workload SIGKILLed in `close()` when the grace period
 /// ran out looks the same to gcsfuse). The upload moves gcsfuse's counters, and its longest
 /// pause (the server committing 96 MiB, about 0.5 s here) is shorter than the window: drainfs
-/// waits for it (it sees gcsfuse idle only after the close returned), the close returns 0, the
-/// object is complete, the stop is clean. (The close and the window must fit in the 4.5 s
-/// bound: a close returning later than 2.5 s after the stop is complete but ends the stop at the
-/// bound, `busy_at_bound`, 75.)
+/// waits for it (it sees gcsfuse idle only after the close returned), the close returns 0 and
+/// the object is complete. The stop is clean (`idle`) when the close and the window fit in the
+/// 4.5 s bound; a close returning later than about 2.5 s after the stop (this machine under
+/// another suite's load: 2.8 s in 2 of 4 runs) is complete but ends the stop at the bound,
+/// `busy_at_bound`, 75: a false alarm the window costs, accepted here and printed.
 #[test]
 fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     let server = Server::start(Kind::Gcsfuse);
@@ -188,14 +189,24 @@ fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     eprintln!(
         "handoff, stop during a 96 MiB close: close returned {close_ms} ms after the SIGTERM; {e}"
     );
-    assert_clean_handoff_stop(&e);
+    assert_eq!(e.code, Some(0), "{e}");
+    assert!(!e.sigkill_sent, "{e}");
     let summary = summary_at(&s.summary);
-    assert_eq!(summary["outcome"], "idle", "{summary:#}");
-    let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
-    assert!(
-        u128::from(idle_ms) >= close_ms,
-        "idle at {idle_ms} ms, before the close returned ({close_ms} ms): {summary:#}"
-    );
+    if summary["outcome"] == "busy_at_bound" {
+        eprintln!(
+            "the close returned {close_ms} ms after the stop: too late for the window to fit in the bound (75, a false alarm)"
+        );
+        assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+        assert!(close_ms > 4500 - 2000 - 100, "{summary:#}");
+    } else {
+        assert_clean_handoff_stop(&e);
+        assert_eq!(summary["outcome"], "idle", "{summary:#}");
+        let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
+        assert!(
+            u128::from(idle_ms) >= close_ms,
+            "idle at {idle_ms} ms, before the close returned ({close_ms} ms): {summary:#}"
+        );
+    }
     assert_in_bucket(&server, &[("large.bin", &w.written)]);
     s.assert_nothing_left();
 }
@@ -382,6 +393,16 @@ fn handoff_busy_at_the_bound_is_75_and_shows_in_the_shared_termination_log() {
     let t0 = Instant::now();
     kill(Pid::from_raw(idle.mounter_pid()), Signal::SIGTERM).unwrap();
     kill(Pid::from_raw(busy.mounter_pid()), Signal::SIGTERM).unwrap();
+    // While the busy one waits, the log shows its provisional summary, whatever the idle one
+    // wrote meanwhile.
+    let provisional = wait_until(Duration::from_secs(4), || {
+        read_json(&log).is_ok_and(|t| t["outcome"] == "stopping" && t["pid"] == busy_pid)
+    });
+    assert!(
+        provisional,
+        "no provisional summary of the busy volume: {:?}",
+        read_json(&log)
+    );
     let (ei, eb) = (
         idle.wait(Duration::from_secs(20)),
         busy.wait(Duration::from_secs(20)),
@@ -406,4 +427,108 @@ fn handoff_busy_at_the_bound_is_75_and_shows_in_the_shared_termination_log() {
     assert_eq!(t["pid"], busy_pid, "{t:#}");
     idle.assert_nothing_left();
     busy.assert_nothing_left();
+}
+
+/// GKE's shared-mount mode: the mount point is a directory, not `/dev/fd/N`, so there is no
+/// connection to hand off: the drop-in execs the real gcsfuse (same pid, drainfs's options
+/// removed), which mounts the directory itself and serves it.
+#[test]
+fn a_directory_mount_point_execs_gcsfuse() {
+    let server = Server::start(Kind::Gcsfuse);
+    let dir = scratch_dir("/tmp", "drainfs-shared-");
+    let (mnt, dropin) = (dir.path().join("mnt"), dir.path().join("gcsfuse"));
+    std::fs::create_dir(&mnt).unwrap();
+    fuse_tests::bound::own_dir(&mnt);
+    // Dropped after the process: whatever happened, no mount is left behind.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            fuse_tests::mounts::force_unmount(&self.0);
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    std::os::unix::fs::symlink(fuse_tests::harness::bin("drainfs"), &dropin).unwrap();
+    let argv = server.mount_cmd_with(&mnt, &["--drainfs-mode=relay"]);
+    let mut cmd = std::process::Command::new(&dropin);
+    cmd.args(&argv[1..]).env("DRAINFS_REAL_GCSFUSE", &argv[0]);
+    let mut p = Proc::spawn(cmd);
+    assert!(
+        wait_until(Duration::from_secs(30), || fuse_tests::mounts::is_mounted(
+            &mnt
+        )),
+        "gcsfuse did not mount {}: {}",
+        mnt.display(),
+        p.stderr_text()
+    );
+    let exe = std::fs::read_link(format!("/proc/{}/exe", p.pid())).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&argv[0]).unwrap(), "not exec'ed");
+    assert!(!cmdline(p.pid()).iter().any(|a| a.contains("drainfs-mode")));
+    let a = pattern(1 << 20, 26);
+    write_file(&mnt.join("a.bin"), &a).unwrap();
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    nix::mount::umount(&mnt).unwrap();
+    let st = p.wait_exit(Duration::from_secs(30), "gcsfuse");
+    assert_eq!(st.code(), Some(0), "{st}");
+}
+
+/// A second SIGTERM while gcsfuse is busy (a writer that never stops) ends it at once (SIGKILL),
+/// not at the bound: `forced`, 75.
+#[test]
+fn handoff_second_signal_while_busy_is_75_at_once() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &[]);
+    let writer = endless_writer(&s.path("endless.bin"));
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    kill(Pid::from_raw(s.child_pid()), Signal::SIGTERM).unwrap();
+    let e = s.wait(Duration::from_secs(20));
+    let took = t0.elapsed();
+    drop(writer);
+    eprintln!("handoff, second signal while busy: {e}; {took:?}");
+    assert_eq!(e.gcsfuse_exit, "exit status 75", "{e}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "forced", "{summary:#}");
+    assert_eq!(summary["exit_code"], 75, "{summary:#}");
+    s.assert_nothing_left();
+}
+
+/// The server stalls (fake-gcs-server SIGSTOPped) while a `close()` waits for its answer,
+/// longer than the idle window (1 s here, by the mount option `drainfs-idle-window=1s`): no
+/// counter of gcsfuse moves, but its connection has sent the request and received nothing
+/// since, so drainfs does not take it for idle. The server resumes, the close returns 0, the
+/// object is complete, and only then is gcsfuse idle.
+#[test]
+fn handoff_a_server_stall_longer_than_the_window_is_not_idle() {
+    let server = Server::start(Kind::Gcsfuse);
+    let mut s = CsiSidecar::start(&server, dropin(), Stop::Native, &["drainfs-idle-window=1s"]);
+    let mut w = Holder::open(&s.path("stalled.bin"));
+    w.cmd("write 8388608 27").unwrap();
+    let stopped = fuse_tests::holder::Stopped::stop(&server);
+    w.send("close");
+    let t0 = Instant::now();
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(
+        pid_exists(s.gcsfuse_pid()),
+        "gcsfuse was ended during the stall"
+    );
+    drop(stopped);
+    let closed = w.reply_within(Duration::from_secs(20));
+    let close_ms = t0.elapsed().as_millis();
+    assert_eq!(closed, Some(Ok(())), "close after the stall");
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!(
+        "handoff, a 2 s server stall in a close: close returned {close_ms} ms after the SIGTERM; {e}"
+    );
+    assert_clean_handoff_stop(&e);
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_eq!(summary["idle_window_ms"], 1000, "{summary:#}");
+    let idle_ms = summary["timings"]["idle_ms"].as_u64().unwrap();
+    assert!(u128::from(idle_ms) >= close_ms, "{summary:#}");
+    assert_in_bucket(&server, &[("stalled.bin", &w.written)]);
+    s.assert_nothing_left();
 }

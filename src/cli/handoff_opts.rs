@@ -15,10 +15,11 @@ use crate::config::{CleanSigtermExit, HandoffOptions, LifecycleConfig, LowerProc
 #[derive(Debug, Args)]
 pub struct HandoffArgs {
     /// How long gcsfuse's I/O counters (`/proc/PID/io`: bytes and calls, its FUSE requests
-    /// and its HTTP connections alike) must stand still before gcsfuse counts as idle and is
-    /// ended after a stop. Stillness before the stop counts. Longer is safer for an upload
-    /// whose request waits on the server without moving a byte; a stop takes up to this
-    /// long after the last I/O. Accepts `2s`, `1500ms`.
+    /// and its HTTP connections alike) must stand still, with none of its TCP connections
+    /// waiting for an answer, before gcsfuse counts as idle and is ended after a stop.
+    /// Stillness before the stop counts. It covers gcsfuse's own silent work inside a FLUSH
+    /// (up to 0.7 s measured); a stop takes up to this long after the last I/O. Accepts `2s`,
+    /// `1500ms`.
     #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "2s", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 

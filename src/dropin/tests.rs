@@ -78,16 +78,36 @@ fn keys_are_taken_out_of_the_config_file() {
     assert!(take_yaml_keys("drainfs-mode:\n    a: b\n").is_err());
 }
 
+/// `DRAINFS_DROPIN_MODE` (the image's environment) sets the default; a volume's option wins.
+#[test]
+fn the_image_environment_sets_the_default_mode() {
+    assert_eq!(choose(&[], Some("relay")).unwrap(), (Mode::Relay, None));
+    let handoff = [pair(MODE, "handoff")];
+    assert_eq!(
+        choose(&handoff, Some("relay")).unwrap(),
+        (Mode::Handoff, None)
+    );
+    let e = choose(&[], Some("fast")).unwrap_err();
+    assert!(e.contains("DRAINFS_DROPIN_MODE=fast"), "{e}");
+    assert!(choose(&[pair(IDLE_WINDOW, "1s")], Some("relay")).is_err());
+}
+
 #[test]
 fn the_mode_is_handoff_unless_relay_is_asked_for() {
-    assert_eq!(choose(&[]).unwrap(), (Mode::Handoff, None));
-    assert_eq!(choose(&[pair(MODE, "relay")]).unwrap(), (Mode::Relay, None));
+    assert_eq!(choose(&[], None).unwrap(), (Mode::Handoff, None));
+    assert_eq!(
+        choose(&[pair(MODE, "relay")], None).unwrap(),
+        (Mode::Relay, None)
+    );
     let both = [
         pair(MODE, "handoff"),
         pair(IDLE_WINDOW, "3s"),
         pair(MODE, "handoff"),
     ];
-    assert_eq!(choose(&both).unwrap(), (Mode::Handoff, Some("3s".into())));
+    assert_eq!(
+        choose(&both, None).unwrap(),
+        (Mode::Handoff, Some("3s".into()))
+    );
     for bad in [
         vec![pair(MODE, "Relay")],
         vec![pair(MODE, "relay"), pair(MODE, "handoff")],
@@ -95,9 +115,9 @@ fn the_mode_is_handoff_unless_relay_is_asked_for() {
         vec![pair(IDLE_WINDOW, "soon")],
         vec![pair(MODE, "relay"), pair(IDLE_WINDOW, "1s")],
     ] {
-        assert!(choose(&bad).is_err(), "accepted {bad:?}");
+        assert!(choose(&bad, None).is_err(), "accepted {bad:?}");
     }
-    let e = choose(&[pair(MODE, "fast")]).unwrap_err();
+    let e = choose(&[pair(MODE, "fast")], None).unwrap_err();
     assert!(
         e.contains("drainfs-mode=fast") && e.contains("handoff") && e.contains("relay"),
         "{e}"
@@ -113,7 +133,7 @@ fn the_plan_consumes_the_option_from_argv_or_the_config_file() {
     let cfg = d.path().join("config.yaml");
     std::fs::write(&cfg, "drainfs-mode: relay\nlogging:\n    format: json\n").unwrap();
     let joined = format!("--config-file={}", cfg.display());
-    let p = plan(&os(&["--foreground", &joined, "b", "/dev/fd/3"])).unwrap();
+    let p = plan(&os(&["--foreground", &joined, "b", "/dev/fd/3"]), None).unwrap();
     let copy = d.path().join("drainfs-config.yaml");
     assert_eq!((p.mode, p.fd_mount), (Mode::Relay, true));
     assert_eq!(
@@ -130,25 +150,32 @@ fn the_plan_consumes_the_option_from_argv_or_the_config_file() {
         0o400
     );
     // Again (a stale read-only copy is replaced), the two-item form.
-    let p = plan(&os(&["--config-file", cfg.to_str().unwrap(), "b", "/mnt"])).unwrap();
+    let p = plan(
+        &os(&["--config-file", cfg.to_str().unwrap(), "b", "/mnt"]),
+        None,
+    )
+    .unwrap();
     assert_eq!(p.args[1], copy.clone().into_os_string());
     assert!(!p.fd_mount);
     // No key in the file: the file is passed as it is.
     std::fs::write(d.path().join("plain.yaml"), "cache-dir: \"\"\n").unwrap();
     let plain = format!("--config-file={}", d.path().join("plain.yaml").display());
-    let p = plan(&os(&["--drainfs-mode=relay", &plain, "b", "/dev/fd/3"])).unwrap();
+    let p = plan(
+        &os(&["--drainfs-mode=relay", &plain, "b", "/dev/fd/3"]),
+        None,
+    )
+    .unwrap();
     assert_eq!(
         (p.mode, p.args),
         (Mode::Relay, os(&[&plain, "b", "/dev/fd/3"]))
     );
     // An unknown mode is a usage error; an unreadable config file is a failure.
-    let e = plan(&os(&["--drainfs-mode=fast", "b", "/dev/fd/3"])).unwrap_err();
+    let e = plan(&os(&["--drainfs-mode=fast", "b", "/dev/fd/3"]), None).unwrap_err();
     assert_eq!(e.0, ExitCode::Usage);
-    let e = plan(&os(&[
-        "--config-file=/nonexistent/c.yaml",
-        "b",
-        "/dev/fd/3",
-    ]))
+    let e = plan(
+        &os(&["--config-file=/nonexistent/c.yaml", "b", "/dev/fd/3"]),
+        None,
+    )
     .unwrap_err();
     assert_eq!(e.0, ExitCode::Failed);
 }

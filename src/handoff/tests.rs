@@ -199,6 +199,21 @@ fn the_runtime_s_own_tiny_io_is_not_activity() {
     assert!(w.is_idle(t0 + WINDOW));
 }
 
+/// A request waiting for its answer (no counter moves while the server thinks) is activity.
+#[test]
+fn a_request_waiting_for_its_answer_is_activity() {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    w.sample(t0, Some(io(1)));
+    for i in 1..=20 {
+        w.sample_with(t0 + ms(100 * i), Some(io(1)), true);
+    }
+    assert!(!w.is_idle(t0 + ms(2000)));
+    w.sample_with(t0 + ms(2100), Some(io(1)), false);
+    assert!(!w.is_idle(t0 + ms(2000) + WINDOW - ms(1)));
+    assert!(w.is_idle(t0 + ms(2000) + WINDOW));
+}
+
 #[test]
 fn the_first_sample_is_a_change() {
     let t0 = Instant::now();

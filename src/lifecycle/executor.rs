@@ -81,6 +81,12 @@ impl Executor {
         }
     }
 
+    /// Whether drainfs serves the FUSE requests (the mount, the relay): not in hand-off mode,
+    /// where it has no door and counts nothing, so it must not claim either in its logs.
+    pub(super) fn in_data_path(&self) -> bool {
+        self.cfg.handoff.is_none()
+    }
+
     /// The exit code of what the teardown found ([`crate::drain::exit_code`]).
     pub(super) fn exit_code(&self) -> ExitCode {
         crate::drain::exit_code(&self.record.outcome(&self.machine))

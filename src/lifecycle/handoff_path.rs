@@ -34,6 +34,11 @@ pub(super) struct HandoffPath {
     opts: HandoffOptions,
     watch: IdleWatch,
     next_sample: Instant,
+    /// The `sock_diag` socket that shows gcsfuse's TCP connections (`None` once it failed:
+    /// the counters alone decide).
+    diag: Option<Diag>,
+    /// Why the connections could not be seen, once they could not.
+    diag_failed: Option<String>,
 }
 
 impl DataPath for HandoffPath {
@@ -44,6 +49,10 @@ impl DataPath for HandoffPath {
         let LowerProcess::Spawn { argv } = ex.cfg.lifecycle.lower_process.clone() else {
             return Err(ExitCode::Usage);
         };
+        ex.record.handoff = Some(HandoffFacts {
+            idle_window: opts.idle_window,
+            ..HandoffFacts::default()
+        });
         let (pid, exit) = match spawn_handed(&argv) {
             Ok(v) => v,
             Err(e) => {
@@ -52,6 +61,7 @@ impl DataPath for HandoffPath {
                 // its own failure to start gcsfuse.
                 eprintln!("drainfs: error: {what}");
                 tracing::error!(error = %e, "cannot start gcsfuse");
+                ex.record.notes.push(what.clone());
                 ex.on_event(super::Event::Trigger(Cause::LowerDied { detail: what }));
                 return Err(ExitCode::LowerFailed);
             }
@@ -67,19 +77,23 @@ impl DataPath for HandoffPath {
             "handoff: gcsfuse started on the kernel's connection; drainfs is not in the data path"
         );
         ex.lower = Lower::spawned(pid, exit);
-        ex.record.handoff = Some(HandoffFacts {
-            gcsfuse_pid: Some(pid),
-            idle_window: opts.idle_window,
-            ..HandoffFacts::default()
-        });
+        if let Some(f) = ex.record.handoff.as_mut() {
+            f.gcsfuse_pid = Some(pid);
+        }
         ex.shared.set_lower_up(true);
         ex.shared.set_started();
         ex.serving("gcsfuse started");
+        let (diag, diag_failed) = match Diag::open() {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e)),
+        };
         let mut hp = HandoffPath {
             pid,
             watch: IdleWatch::new(opts.idle_window),
             next_sample: Instant::now(),
             opts,
+            diag,
+            diag_failed,
         };
         hp.sample();
         Ok(hp)
@@ -141,22 +155,54 @@ impl HandoffPath {
             (Some(a), Some(b)) => a.moved_to(&b),
             (a, b) => a.is_some() != b.is_some(),
         };
-        if moved && self.watch.still_for(now) >= self.opts.sample_every {
-            tracing::debug!(io = ?io, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse's I/O counters moved");
+        // Only while the counters stand still: a connection waiting for an answer.
+        let awaiting = !moved && self.awaiting_answer();
+        if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
+            tracing::debug!(io = ?io, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
         }
-        self.watch.sample(now, io);
+        self.watch.sample_with(now, io, awaiting);
         self.next_sample = now + self.opts.sample_every;
     }
 
+    /// Whether one of gcsfuse's TCP connections waits for an answer ([`handoff::tcp`]); false
+    /// when that cannot be seen (the first failure is kept for the summary, and the counters
+    /// alone decide from then on).
+    fn awaiting_answer(&mut self) -> bool {
+        let Some(diag) = self.diag.as_mut() else {
+            return false;
+        };
+        let links: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let owned = handoff::tcp::socket_inodes(links.iter().map(String::as_str));
+        if owned.is_empty() {
+            return false;
+        }
+        match diag.established() {
+            Ok(socks) => handoff::tcp::awaiting_answer(&socks, &owned),
+            Err(e) => {
+                tracing::warn!(error = %e, "handoff: cannot see gcsfuse's TCP connections (sock_diag); its I/O counters alone decide when it is idle");
+                self.diag = None;
+                self.diag_failed = Some(e);
+                false
+            }
+        }
+    }
+
     /// After the trigger: waits until gcsfuse is idle, the bound, a second signal, or
-    /// gcsfuse's own exit (`None`). Samples on time meanwhile; triggers are fed to the machine.
+    /// gcsfuse's own exit (`None`). Samples at every wake-up (so that "idle" is never decided
+    /// on a sample older than the decision), and on time in between; triggers are fed to the
+    /// machine.
     async fn wait_idle(&mut self, ex: &mut Executor) -> Option<Stop> {
         let bound = ex.machine.force_at().unwrap_or_else(Instant::now);
         loop {
+            self.sample();
             let now = Instant::now();
-            if now >= self.next_sample {
-                self.sample();
-            }
             let forced = ex.machine.forced().is_some();
             let until = match handoff::stop_step(&self.watch, now, self.next_sample, bound, forced)
             {
@@ -203,6 +249,11 @@ impl HandoffPath {
                     "a second signal came while gcsfuse was still doing I/O: an upload may have been cut".into(),
                 );
             }
+        }
+        if let Some(e) = &self.diag_failed {
+            ex.record.notes.push(format!(
+                "drainfs could not see gcsfuse's TCP connections ({e}): an upload waiting for the server's answer longer than the idle window would have looked idle"
+            ));
         }
         if self.watch.unreadable() > 0 {
             ex.record.notes.push(format!(
@@ -300,6 +351,69 @@ fn close_fuse_fds() -> Vec<RawFd> {
         }
     }
     closed
+}
+
+/// A `NETLINK_SOCK_DIAG` socket: the kernel's dump of the TCP sockets of drainfs's network
+/// namespace (gcsfuse's), with their `tcp_info`. Unprivileged.
+struct Diag {
+    fd: std::os::fd::OwnedFd,
+    seq: u32,
+}
+
+impl Diag {
+    /// Opens the socket (close-on-exec, 200 ms receive timeout).
+    fn open() -> Result<Diag, String> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the fd is owned at once.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        if raw < 0 {
+            return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a new fd nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let tv = nix::sys::time::TimeVal::new(0, 200_000);
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+            .map_err(|e| format!("SO_RCVTIMEO: {e}"))?;
+        Ok(Diag { fd, seq: 0 })
+    }
+
+    /// The established TCP sockets (IPv4 and IPv6) with their last data times.
+    fn established(&mut self) -> Result<Vec<handoff::tcp::TcpSock>, String> {
+        use std::os::fd::AsRawFd;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 32 << 10];
+        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+            self.seq = self.seq.wrapping_add(1);
+            let req = handoff::tcp::dump_request(family, self.seq);
+            // SAFETY: `req` is a valid buffer of its length; the fd is open.
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+            if n < 0 {
+                return Err(format!("send: {}", std::io::Error::last_os_error()));
+            }
+            loop {
+                // SAFETY: `buf` is writable for its length; the fd is open.
+                let n = unsafe {
+                    libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                };
+                if n < 0 {
+                    return Err(format!("recv: {}", std::io::Error::last_os_error()));
+                }
+                let (socks, done) = handoff::tcp::parse_dump(&buf[..n as usize])
+                    .map_err(|e| format!("sock_diag: {}", nix::errno::Errno::from_raw(e)))?;
+                out.extend(socks);
+                if done || n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// gcsfuse's counters now (`None` when `/proc/PID/io` cannot be read or parsed).

@@ -153,10 +153,12 @@ impl Executor {
     fn close_door(&mut self) {
         self.admission.close();
         let reason = self.machine.door_reason().map_or("", DoorReason::name);
-        tracing::info!(
-            reason,
-            "door closed: new opens, creates and namespace changes get ESHUTDOWN"
-        );
+        if self.in_data_path() {
+            tracing::info!(
+                reason,
+                "door closed: new opens, creates and namespace changes get ESHUTDOWN"
+            );
+        }
         self.remove_ready_file();
     }
 
@@ -183,10 +185,12 @@ impl Executor {
                         .first_trigger()
                         .and_then(|(t0, _)| drained_at.map(|d| d - t0)),
                 );
-                tracing::info!(
-                    after_ms = self.record.timings.drained_ms,
-                    "drained: nothing in flight, no file open for writing, no lower flush pending"
-                );
+                if self.in_data_path() {
+                    tracing::info!(
+                        after_ms = self.record.timings.drained_ms,
+                        "drained: nothing in flight, no file open for writing, no lower flush pending"
+                    );
+                }
             }
         }
     }
