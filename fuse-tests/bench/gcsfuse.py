@@ -128,10 +128,19 @@ HANDOFF_MIN_REPS = 5
 HANDOFF_CPU_TOLERANCE = 0.02
 ARRANGEMENTS = ["stock", "relay", "handoff", "mount"]
 # The drop-in's mount option per arrangement of part 2 (the drop-in runs the hand-off unless
-# the volume's mountOptions say drainfs-mode=relay).
+# the volume's mountOptions say drainfs-mode=relay, or its environment does: dropin_env).
 DROPIN_MODE = {"relay": ["drainfs-mode=relay"], "handoff": []}
 # Part 2's goals for the hand-off (ms): stop -> sidecar exit, p50 and p95.
 TAIL_GOAL_MS = {"p50": 15, "p95": 50}
+
+
+def dropin_env(env, arr):
+    """The drop-in's mode in its environment (`DRAINFS_DROPIN_MODE`, what a relay image sets):
+    `relay` for the relay (whose volume also asks for it with the mount option), and none for
+    the hand-off, whose mode must be the drop-in's default, whatever this process inherited."""
+    env.pop("DRAINFS_DROPIN_MODE", None)
+    if arr == "relay":
+        env["DRAINFS_DROPIN_MODE"] = "relay"
 
 PROFILES = {
     "full": dict(reps=5, runtime="5s", ramp="1s", size="64M", md_files=500, numjobs=[1, 4], md_threads=[1, 4],
@@ -305,6 +314,7 @@ class Target:
         if self.csi:
             cmd = self.csi_cmd()
             env = dict(os.environ, DRAINFS_REAL_GCSFUSE=self.ctx.gcsfuse, DRAINFS_SUMMARY_FILE=self.summary_path)
+            dropin_env(env, self.name)
         elif self.name == "raw":
             cmd = self.gcsfuse_argv(self.mnt)
         elif self.name in ("auto", "never"):
@@ -607,7 +617,7 @@ def tail_run(ctx, arr, stop, n):
             f.write(f"/gcsfuse-tmp/.volumes/{vol}\n/gcsfuse-buffer/.volumes/{vol}\n")
         gcsfuse_path = ctx.gcsfuse if arr == "stock" else ctx.dropin
         env["DRAINFS_REAL_GCSFUSE"] = ctx.gcsfuse
-        env["DRAINFS_DROPIN_MODE"] = "relay"  # the drop-in's default is the hand-off
+        dropin_env(env, arr)
         env["DRAINFS_SUMMARY_FILE"] = summary
         cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
                "--bucket", ctx.server["bucket"], "--stop", "native" if stop == "native" else "exit-file",

@@ -125,6 +125,7 @@ def start_sidecar(ctx, n, tag, arr, stop):
         f.write(f"/gcsfuse-tmp/.volumes/{vol}\n/gcsfuse-buffer/.volumes/{vol}\n")
     summary = os.path.join(d, "summary.json")
     env = dict(os.environ, DRAINFS_REAL_GCSFUSE=ctx.gcsfuse, DRAINFS_SUMMARY_FILE=summary)
+    env.pop("DRAINFS_DROPIN_MODE", None)  # the hand-off, the drop-in's default
     cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
            "--bucket", ctx.server["bucket"], "--stop", stop, "--grace-period", "30s", "--ready-timeout", "60s"]
     for o in sidecar_mount_options(ctx):
