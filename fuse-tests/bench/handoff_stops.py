@@ -32,8 +32,15 @@ than stock when it did not complete and the hand-off ended gcsfuse before stock 
 (its SIGKILL, 5 s after the SIGTERM: the shortest stop measured in this run's stock runs, or
 5,000 ms). Exit status 1 on any silent loss, any shorter cut or any failed run, else 0.
 
+The real kubelet SIGKILLs the whole sidecar 2 s after its SIGTERM at the grace period's end,
+which cuts stock and the hand-off alike; by default these runs leave that out (fake-node-driver
+kills after 30 s), so that the hand-off's own end is compared with the sidecar mounter's 5 s.
+`--kubelet-kill 2` adds it to the grace runs (an upload cut by it is not counted as cut
+shorter than stock).
+
     fuse-tests/bench/handoff_stops.py [--runs 300] [--seed N] [--mix native:4,exit-file:2,grace:4]
                                       [--stock-share 0.25] [--grace-sizes 16-160] [--max-delay 2.5]
+                                      [--kubelet-kill 2]
                                       [--bin-dir target/release] [--results DIR]
 
 `stop` in its table is fake-node-driver's stop (the SIGTERM to the sidecar mounter, or the
@@ -111,7 +118,7 @@ class Ctx:
     pass
 
 
-def start_sidecar(ctx, n, tag, arr, stop):
+def start_sidecar(ctx, n, tag, arr, stop, kill):
     """fake-node-driver in its CSI mode with the real sidecar mounter running the drop-in
     (the hand-off) or stock gcsfuse; returns (Popen, stdout lines, ready event, reader thread,
     paths). The paths stay short: the socket's must fit in sun_path."""
@@ -127,7 +134,7 @@ def start_sidecar(ctx, n, tag, arr, stop):
     env = dict(os.environ, DRAINFS_REAL_GCSFUSE=ctx.gcsfuse, DRAINFS_SUMMARY_FILE=summary)
     env.pop("DRAINFS_DROPIN_MODE", None)  # the hand-off, the drop-in's default
     cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
-           "--bucket", ctx.server["bucket"], "--stop", stop, "--grace-period", "30s", "--ready-timeout", "60s"]
+           "--bucket", ctx.server["bucket"], "--stop", stop, "--grace-period", kill, "--ready-timeout", "60s"]
     for o in sidecar_mount_options(ctx):
         cmd += ["--mount-option", o]
     cmd += ["--", ctx.sidecar_mounter, f"--gcsfuse-path={ctx.dropin if arr == 'handoff' else ctx.gcsfuse}"]
@@ -166,7 +173,10 @@ def one_run(ctx, n, scenario, arr, rng):
     stop = "exit-file" if scenario == "exit-file" else "native"
     spec = workload_spec(ctx, rng, scenario)
     res = {"run": n, "scenario": scenario, "arrangement": arr, "sizes": [s[1] for s in spec]}
-    p, lines, ready, reader, paths = start_sidecar(ctx, n, tag, arr, stop)
+    # fake-node-driver's --grace-period: the kubelet's SIGKILL of the sidecar after the stop (30 s:
+    # never, in these runs; --kubelet-kill S for the grace scenario: the kubelet's 2 s).
+    kill = f"{ctx.kubelet_kill:g}s" if ctx.kubelet_kill is not None and scenario == "grace" else "30s"
+    p, lines, ready, reader, paths = start_sidecar(ctx, n, tag, arr, stop, kill)
     prefix = f"stops/{tag}"
     wl = None
     try:
@@ -220,6 +230,7 @@ def one_run(ctx, n, scenario, arr, rng):
         res["sidecar_exit"], res["stop_ms"], res["fnd_exit"] = status, float(ms.split()[0]), rc
         res["gcsfuse_exit"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
         res["error_lines"] = [x[len("error file: "):] for x in lines if x.startswith("error file: ")]
+        res["killed_by_kubelet"] = "sigkill sent" in lines
         if arr == "handoff":
             try:
                 with open(paths["summary"]) as f:
@@ -313,8 +324,12 @@ def report(ctx, runs, failures):
             if ends:
                 line += f"; drainfs ended gcsfuse p50 {f(pct_nearest(ends, 0.5))} / max {f(max(ends))} ms after its SIGTERM"
         out.append(line)
-    shorter = [r for r in hand_in if not r["inflight"]["complete"]
+    # Cut shorter: not complete, ended by drainfs (not by the kubelet's SIGKILL of the whole
+    # sidecar, which cuts stock at the same time) before stock's end; no summary counts as cut.
+    shorter = [r for r in hand_in if not r["inflight"]["complete"] and not r.get("killed_by_kubelet")
                and (r.get("gcsfuse_exited_ms") is None or r["gcsfuse_exited_ms"] < allow)]
+    by_kubelet = {arr: sum(1 for r in rs if r.get("killed_by_kubelet") and not r["inflight"]["complete"])
+                  for arr, rs in (("stock", stock_in), ("handoff", hand_in))}
     cut_idle = [r for r in hand_in if not r["inflight"]["complete"] and r.get("idle")]
     losses = sum(len(r["silent_losses"]) for r in runs)
     out.append("")
@@ -324,6 +339,9 @@ def report(ctx, runs, failures):
                + (": " + ", ".join(f"run {r['run']} ({r['inflight']['size'] >> 20} MiB, gcsfuse ended at "
                                    f"{r.get('gcsfuse_exited_ms')} ms, {r.get('outcome')})" for r in shorter) if shorter else ""))
     out.append(f"of which the hand-off took gcsfuse for idle (idle window) while the upload was still running: {len(cut_idle)}")
+    if ctx.kubelet_kill is not None:
+        out.append(f"cut by the kubelet's SIGKILL {ctx.kubelet_kill:g} s after the stop (the whole sidecar, as for stock): "
+                   f"stock {by_kubelet['stock']}, handoff {by_kubelet['handoff']}")
     out.append(f"failed runs: {len(failures)}" + ("".join(f"\n  {x}" for x in failures) if failures else ""))
     ok = not losses and not shorter and not failures
     out.append("RESULT: " + ("ok" if ok else "FAILED"))
@@ -383,6 +401,10 @@ def main():
     ap.add_argument("--max-delay", type=float, default=2.5,
                     help="longest delay (s) between the workload's exit and the stop (default 2.5: some stops fall "
                          "inside the 2 s idle window after the last I/O)")
+    ap.add_argument("--kubelet-kill", type=float,
+                    help="grace runs: the kubelet's SIGKILL of the whole sidecar this many seconds after the stop "
+                         "(the kubelet gives 2); default: none, so that stock's 5 s and the hand-off's own end are "
+                         "compared")
     ap.add_argument("--bin-dir", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target")), "release"),
                     help="directory holding drainfs and fake-node-driver (default target/release)")
     ap.add_argument("--results", help="results directory (default fuse-tests/bench/results/handoff-stops-<time>)")
@@ -402,6 +424,7 @@ def main():
     lo, _, hi = a.grace_sizes.partition("-")
     ctx.grace_sizes = (int(lo), int(hi or lo))
     ctx.max_delay = a.max_delay
+    ctx.kubelet_kill = a.kubelet_kill
     ctx.work = tempfile.mkdtemp(prefix="drainfs-handoff-stops.", dir="/tmp")
     os.chmod(ctx.work, 0o755)
     results = a.results or os.path.join(HERE, "results", "handoff-stops-" + time.strftime("%Y%m%d-%H%M%S"))
