@@ -1118,7 +1118,8 @@ def main():
               f"{elapsed:.0f} s; loadavg start {load_start}, end {benchlib.loadavg()}; git {versions['git_head']}")
     out = [header]
     if raw["fio"]:
-        out += ["", "Part 1: throughput (ratios to raw gcsfuse with the same cache setting)", throughput_table(ctx, raw)]
+        out += ["", "Part 1: throughput (ratios to the baseline with the same cache setting: raw gcsfuse on a "
+                "directory, or for stock-b and handoff stock, gcsfuse through the sidecar mounter's fd hand-off)", throughput_table(ctx, raw)]
         out += ["", "CPU-seconds per GiB moved (fio's bytes), medians", cpu_table(ctx, raw)]
         if "handoff" in TARGETS:
             trows, crows, lines = handoff_verdicts(ctx, raw)
