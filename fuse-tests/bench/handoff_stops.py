@@ -32,11 +32,12 @@ than stock when it did not complete and the hand-off ended gcsfuse before stock 
 (its SIGKILL, 5 s after the SIGTERM: the shortest stop measured in this run's stock runs, or
 5,000 ms). Exit status 1 on any silent loss, any shorter cut or any failed run, else 0.
 
-The real kubelet SIGKILLs the whole sidecar 2 s after its SIGTERM at the grace period's end,
-which cuts stock and the hand-off alike; by default these runs leave that out (fake-node-driver
-kills after 30 s), so that the hand-off's own end is compared with the sidecar mounter's 5 s.
-`--kubelet-kill 2` adds it to the grace runs (an upload cut by it is not counted as cut
-shorter than stock).
+The real kubelet SIGKILLs the whole sidecar container 2 s after its SIGTERM at the grace
+period's end, which cuts stock and the hand-off alike; by default these runs leave that out,
+so that the hand-off's own end is compared with the sidecar mounter's 5 s. `--kubelet-kill 2`
+adds it to the grace runs: 2 s after the stop, every process under fake-node-driver (the
+sidecar mounter, the drop-in, gcsfuse) is SIGKILLed at once; an upload cut by it is counted
+apart, not as cut shorter than stock.
 
     fuse-tests/bench/handoff_stops.py [--runs 300] [--seed N] [--mix native:4,exit-file:2,grace:4]
                                       [--stock-share 0.25] [--grace-sizes 16-160] [--max-delay 2.5]
@@ -118,7 +119,7 @@ class Ctx:
     pass
 
 
-def start_sidecar(ctx, n, tag, arr, stop, kill):
+def start_sidecar(ctx, n, tag, arr, stop):
     """fake-node-driver in its CSI mode with the real sidecar mounter running the drop-in
     (the hand-off) or stock gcsfuse; returns (Popen, stdout lines, ready event, reader thread,
     paths). The paths stay short: the socket's must fit in sun_path."""
@@ -134,7 +135,7 @@ def start_sidecar(ctx, n, tag, arr, stop, kill):
     env = dict(os.environ, DRAINFS_REAL_GCSFUSE=ctx.gcsfuse, DRAINFS_SUMMARY_FILE=summary)
     env.pop("DRAINFS_DROPIN_MODE", None)  # the hand-off, the drop-in's default
     cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
-           "--bucket", ctx.server["bucket"], "--stop", stop, "--grace-period", kill, "--ready-timeout", "60s"]
+           "--bucket", ctx.server["bucket"], "--stop", stop, "--grace-period", "30s", "--ready-timeout", "60s"]
     for o in sidecar_mount_options(ctx):
         cmd += ["--mount-option", o]
     cmd += ["--", ctx.sidecar_mounter, f"--gcsfuse-path={ctx.dropin if arr == 'handoff' else ctx.gcsfuse}"]
@@ -159,6 +160,39 @@ def start_sidecar(ctx, n, tag, arr, stop, kill):
     return p, lines, ready, t, dict(dir=d, mnt=mnt, summary=summary, log=logp)
 
 
+def descendants(pid):
+    """Every process under `pid` (children first found, then theirs)."""
+    out, todo = [], [pid]
+    while todo:
+        for c in benchlib.child_pids(todo.pop()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_container(p, res):
+    """The kubelet's SIGKILL of the sidecar container at the end of the grace period: every
+    process under fake-node-driver (the sidecar mounter, the drop-in, gcsfuse; processes this
+    script's run started), at once, through pidfds; fake-node-driver itself is the node, not the
+    container. Does nothing once the sidecar has exited."""
+    if p.poll() is not None:
+        return
+    fds = []
+    for pid in descendants(p.pid):
+        try:
+            fds.append(os.pidfd_open(pid))
+        except OSError:
+            pass
+    res["killed_by_kubelet"] = bool(fds)
+    for fd in fds:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def workload_spec(ctx, rng, scenario):
     """[[name, size, seed], ...]: 1-3 files of 1-16 MiB; for `grace`, 0-2 small files and the
     large one the stop finds inside close()."""
@@ -173,10 +207,7 @@ def one_run(ctx, n, scenario, arr, rng):
     stop = "exit-file" if scenario == "exit-file" else "native"
     spec = workload_spec(ctx, rng, scenario)
     res = {"run": n, "scenario": scenario, "arrangement": arr, "sizes": [s[1] for s in spec]}
-    # fake-node-driver's --grace-period: the kubelet's SIGKILL of the sidecar after the stop (30 s:
-    # never, in these runs; --kubelet-kill S for the grace scenario: the kubelet's 2 s).
-    kill = f"{ctx.kubelet_kill:g}s" if ctx.kubelet_kill is not None and scenario == "grace" else "30s"
-    p, lines, ready, reader, paths = start_sidecar(ctx, n, tag, arr, stop, kill)
+    p, lines, ready, reader, paths = start_sidecar(ctx, n, tag, arr, stop)
     prefix = f"stops/{tag}"
     wl = None
     try:
@@ -208,7 +239,13 @@ def one_run(ctx, n, scenario, arr, rng):
             ctx.tracker.signal(wl.pid, signal.SIGKILL)
             p.stdin.close()
             t_stop = time.monotonic()
+            killer = None
+            if ctx.kubelet_kill is not None:
+                killer = threading.Timer(ctx.kubelet_kill, kill_container, (p, res))
+                killer.start()
             wt.join(60)
+            if killer is not None:
+                killer.join()
             if "t" not in dead:
                 raise BenchError(f"{tag}: the workload did not end within 60 s of its SIGKILL")
             ctx.tracker.reaped(wl.pid)
@@ -230,15 +267,14 @@ def one_run(ctx, n, scenario, arr, rng):
         res["sidecar_exit"], res["stop_ms"], res["fnd_exit"] = status, float(ms.split()[0]), rc
         res["gcsfuse_exit"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
         res["error_lines"] = [x[len("error file: "):] for x in lines if x.startswith("error file: ")]
-        res["killed_by_kubelet"] = "sigkill sent" in lines
         if arr == "handoff":
             try:
                 with open(paths["summary"]) as f:
                     s = json.load(f)
                 res["outcome"], res["idle"], res["still_ms"] = s.get("outcome"), s.get("idle"), s.get("still_ms")
                 res["gcsfuse_exited_ms"] = (s.get("timings") or {}).get("gcsfuse_exited_ms")
-            except (OSError, ValueError) as e:
-                res["outcome"] = f"no summary ({e})"
+            except (OSError, ValueError):
+                res["outcome"] = "no summary"  # SIGKILLed (--kubelet-kill), or a failure: see the log
         objs = lowers.objects("gcsfuse", ctx.lowers_dir, prefix=prefix + "/")
         closed = {r["name"]: r for r in recs if r["event"] == "closed" and r.get("closed")}
         closing = {r["name"]: r for r in recs if r["event"] == "closing"}
