@@ -222,7 +222,10 @@ def one_run(ctx, n, scenario, arr, rng):
 
             def wl_reader():
                 for raw in wl.stdout:
-                    r = json.loads(raw)
+                    try:
+                        r = json.loads(raw)
+                    except ValueError:
+                        continue  # a line cut by the SIGKILL
                     recs.append(r)
                     if r["event"] == "closing" and r["name"] == "large.bin":
                         closing.set()
