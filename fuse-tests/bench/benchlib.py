@@ -13,6 +13,7 @@ Nothing here kills by name: only PIDs this process started (and tracked) are sig
 """
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -241,11 +242,12 @@ def med(xs):
 
 
 def pct_nearest(xs, q):
-    """The q-quantile (0..1) of xs, nearest rank; None for no values."""
+    """The q-quantile (0..1) of xs, nearest rank (the ceil(q * n)-th smallest); None for no
+    values."""
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s) - 1e-9) - 1))]
 
 
 def pct_interp(values, q):

@@ -4,9 +4,11 @@ end-of-Job tail. Python 3 stdlib only; run it through gcsfuse.sh (which builds, 
 directory and cleans up behind it). It reuses benchlib.py's fio and mdbench runners and process
 tracker, and scripts/lowers.py's fake-gcs-server and gcsfuse command lines.
 
-Part 1, throughput. One fake-gcs-server (memory backend), one bucket, and five targets, each
+Part 1, throughput. One fake-gcs-server (memory backend), one bucket, and eight targets, each
 its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max-size-mb=-1
---cache-dir=DIR`, a cache directory per gcsfuse); ten mounts at once:
+--cache-dir=DIR`, a cache directory per gcsfuse; through the sidecar mounter, the mount option
+`file-cache:max-size-mb:-1`, which puts the cache in its /gcsfuse-cache/.volumes/VOL);
+sixteen mounts at once:
 
 - `raw`:      gcsfuse on a directory, the application on it;
 - `auto`:     `drainfs run` (default flags: `--passthrough auto`) over gcsfuse on its lower;
@@ -15,6 +17,15 @@ its own gcsfuse process, with gcsfuse's file cache off and on (`--file-cache-max
               over gcsfuse on `/dev/fd/3`, the mount made by `fake-node-driver` as GKE's CSI
               driver makes it (fd=N, the sidecar as uid 65534 without capabilities);
 - `relay-threads`: the same with `--pump threads` (two threads, each blocked in its own fd);
+- `stock`:    gcsfuse as GKE runs it today: `fake-node-driver` in its CSI mode (the node
+              driver's mount with fd=N, the mount config and the fd over the sidecar's socket)
+              and GKE's real sidecar mounter (uid 65534), which runs gcsfuse on /dev/fd/3 with
+              its own flags and config file: raw gcsfuse through the fd hand-off;
+- `stock-b`:  the same again (its own mount and gcsfuse): raw gcsfuse against itself, the
+              spread the hand-off's goals are judged against (left out of the smoke);
+- `handoff`:  the same with `--gcsfuse-path` = drainfs's drop-in (a copy named `gcsfuse`, the
+              real gcsfuse in DRAINFS_REAL_GCSFUSE) in its default mode: drainfs starts gcsfuse
+              on the kernel's /dev/fd/3 untouched and is not in the data path;
 - only with `--targets`: `relay-0s`, the same as `relay` with `--spin 0s`; `relay-capped`, the
               same with `--split-large-requests false`, the kernel capped at the relay's 128 KiB
               instead of the relay splitting larger READs and WRITEs (what the relay did before
@@ -32,7 +43,10 @@ still served from gcsfuse's page cache. With the cache on, every target reads th
 before the measurements, so cache-on reads are gcsfuse file-cache hits. Writes (buffered) go to
 a directory per target. Before every job the lower's copies of its files get
 POSIX_FADV_DONTNEED for `auto` and `never` (see drop_lower_cache). The ratios are to raw
-gcsfuse with the same cache setting.
+gcsfuse with the same cache setting (`raw`; for `stock-b` and `handoff`, `stock`). The
+hand-off's own tables judge its goals (>= 0.98x of stock on every fio job, CPU per GiB of
+gcsfuse + drainfs equal to stock's gcsfuse) on the medians of at least 5 interleaved reps
+against stock-b's distance from stock in the same runs.
 
 Part 2, the end-of-Job tail through GKE's real sidecar mounter (v1.24.4). Per run: a fresh
 mount made by `fake-node-driver` in its CSI mode (the node driver's part: mount with fd=N, the
@@ -42,13 +56,20 @@ and exits, then the stop right after its exit. Arrangements:
 
 - `stock`: `--gcsfuse-path` = gcsfuse (GKE today);
 - `relay`: `--gcsfuse-path` = drainfs as the drop-in (a copy named `gcsfuse`, the real gcsfuse
-  in DRAINFS_REAL_GCSFUSE);
+  in DRAINFS_REAL_GCSFUSE) with the volume's mount option `drainfs-mode=relay` (without it the
+  drop-in runs the hand-off);
+- `handoff`: the same drop-in without the option: the hand-off, its default;
 - `mount`: no sidecar mounter: `drainfs run --native-sidecar` (`--exit-file` for the regular
   container) over gcsfuse on a directory, as in drainfs's own sidecar container.
 
-The stop is SIGTERM with NATIVE_SIDECAR=TRUE (`--tail-runs` each), and, for `--exit-file-runs`
-runs each, the regular container's exit file (`<base>/exit`, which the sidecar mounter polls
-every 5 s). Measured: the tail = sidecar exit - application exit (ms, p50/p95); bytes lost =
+The stop (right after the application's exit, or `--tail-stop-delay` seconds later) is SIGTERM
+with NATIVE_SIDECAR=TRUE (`--tail-runs` each), and, for `--exit-file-runs` runs each, the
+regular container's exit file (`<base>/exit`, which the sidecar mounter polls every 5 s).
+Measured: the tail = sidecar exit - application exit (ms, p50/p95); stop -> exit, from the
+stop to the sidecar's exit; for the drop-in, also from its first trigger (the sidecar
+mounter's SIGTERM, the wall-clock `trigger` of its summary) to the sidecar's exit, which leaves
+out the sidecar mounter's poll of the exit file (the hand-off's goal, p50 <= 15 ms and p95 <=
+50 ms, is judged on stop -> exit for the native stop and on this for the exit file); bytes lost =
 bytes whose close() returned 0 but are not in the bucket, read back from the server; what the
 sidecar said about gcsfuse's exit; the lines of its error file.
 
@@ -57,6 +78,7 @@ killed by name.
 """
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -82,21 +104,49 @@ from benchlib import (  # noqa: E402
 
 log = benchlib.log
 
-TARGETS = ["raw", "auto", "never", "relay", "relay-threads"]
+TARGETS = ["raw", "auto", "never", "relay", "relay-threads", "stock", "stock-b", "handoff"]
 KNOWN_TARGETS = TARGETS + ["relay-0s", "relay-capped"]
+# The targets mounted through the real sidecar mounter (fake-node-driver's CSI mode: the node
+# driver's mount with fd=N, the fd over the sidecar's socket, the sidecar as uid 65534), with
+# the gcsfuse the sidecar mounter runs: stock gcsfuse (twice: raw gcsfuse's spread against
+# itself), or drainfs's drop-in in its default hand-off mode.
+CSI_TARGETS = {"stock": "gcsfuse", "stock-b": "gcsfuse", "handoff": "dropin"}
+# What each target's ratio is taken against: the hand-off against gcsfuse through the same fd
+# hand-off, everything else against gcsfuse on a directory.
+BASE = {"handoff": "stock", "stock-b": "stock"}
 # The relay's flags per relay target.
 RELAY_FLAGS = {"relay": [], "relay-threads": ["--pump", "threads"], "relay-0s": ["--spin", "0s"],
                "relay-capped": ["--split-large-requests", "false"]}
 CACHES = ["off", "on"]
 # The issue's targets, as a fraction of raw gcsfuse on every fio job.
-GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-threads": 0.9, "relay-0s": 0.9, "relay-capped": 0.9}
-ARRANGEMENTS = ["stock", "relay", "mount"]
+GOAL = {"auto": 0.95, "never": 0.95, "relay": 0.9, "relay-threads": 0.9, "relay-0s": 0.9, "relay-capped": 0.9,
+        "handoff": 0.98}
+# The hand-off's goals are judged on the median of at least this many interleaved repetitions.
+HANDOFF_MIN_REPS = 5
+# CPU per GiB "equal to gcsfuse's": within this fraction of stock's, or within stock-b's own
+# distance from stock (whichever is larger).
+HANDOFF_CPU_TOLERANCE = 0.02
+ARRANGEMENTS = ["stock", "relay", "handoff", "mount"]
+# The drop-in's mount option per arrangement of part 2 (the drop-in runs the hand-off unless
+# the volume's mountOptions say drainfs-mode=relay, or its environment does: dropin_env).
+DROPIN_MODE = {"relay": ["drainfs-mode=relay"], "handoff": []}
+# Part 2's goals for the hand-off (ms): stop -> sidecar exit, p50 and p95.
+TAIL_GOAL_MS = {"p50": 15, "p95": 50}
+
+
+def dropin_env(env, arr):
+    """The drop-in's mode in its environment (`DRAINFS_DROPIN_MODE`, what a relay image sets):
+    `relay` for the relay (whose volume also asks for it with the mount option), and none for
+    the hand-off, whose mode must be the drop-in's default, whatever this process inherited."""
+    env.pop("DRAINFS_DROPIN_MODE", None)
+    if arr == "relay":
+        env["DRAINFS_DROPIN_MODE"] = "relay"
 
 PROFILES = {
-    "full": dict(reps=3, runtime="5s", ramp="1s", size="64M", md_files=500, numjobs=[1, 4], md_threads=[1, 4],
-                 tail_runs=20, exit_file_runs=5, tail_files=4, tail_file_size=8 << 20),
+    "full": dict(reps=5, runtime="5s", ramp="1s", size="64M", md_files=500, numjobs=[1, 4], md_threads=[1, 4],
+                 tail_runs=20, exit_file_runs=5, tail_files=4, tail_file_size=8 << 20, tail_stop_delay=0.0),
     "smoke": dict(reps=1, runtime="300ms", ramp="0", size="4M", md_files=16, numjobs=[1], md_threads=[1],
-                  tail_runs=1, exit_file_runs=0, tail_files=2, tail_file_size=1 << 20),
+                  tail_runs=1, exit_file_runs=0, tail_files=2, tail_file_size=1 << 20, tail_stop_delay=0.0),
 }
 
 
@@ -207,10 +257,12 @@ class Target:
         self.gcsfuse_log = os.path.join(self.dir, "gcsfuse.log")
         self.proc = None
         self.cgroup = None
+        self.cache_vol = None
         self.lines = []
         for d in (self.dir, self.mnt, self.lower):
             os.makedirs(d, exist_ok=True)
-        self.sidecar = name.startswith("relay")
+        self.csi = name in CSI_TARGETS
+        self.sidecar = name.startswith("relay") or self.csi
         if self.sidecar:
             os.chown(self.dir, SIDECAR_UID, SIDECAR_UID)
             open(self.gcsfuse_log, "a").close()
@@ -227,10 +279,43 @@ class Target:
         argv = lowers.mount_argv("gcsfuse", self.ctx.lowers_dir, mountpoint, self.gcsfuse_log, extra)
         return [self.ctx.gcsfuse, *argv[1:]]
 
+    def csi_cmd(self):
+        """fake-node-driver in its CSI mode with the real sidecar mounter, which runs stock
+        gcsfuse or the drop-in (drainfs named gcsfuse: the hand-off, its default) on the
+        kernel's /dev/fd/3. With the cache on, the volume's mountOptions enable gcsfuse's file
+        cache, which the sidecar mounter puts in its hard-coded /gcsfuse-cache/.volumes/VOL
+        (made here for uid 65534, removed by stop() and by gcsfuse.sh's trap)."""
+        ctx = self.ctx
+        self.vol = f"drainfs-bench-{os.getpid()}-{self.cache}-{self.name}"
+        with open(os.path.join(ctx.work, "global-dirs"), "a") as f:
+            f.write(f"/gcsfuse-tmp/.volumes/{self.vol}\n/gcsfuse-buffer/.volumes/{self.vol}\n"
+                    f"/gcsfuse-cache/.volumes/{self.vol}\n")
+        opts = sidecar_mount_options(ctx)
+        if self.cache == "on":
+            self.cache_vol = f"/gcsfuse-cache/.volumes/{self.vol}"
+            os.makedirs(self.cache_vol, exist_ok=True)
+            for d in ("/gcsfuse-cache", "/gcsfuse-cache/.volumes", self.cache_vol):
+                os.chown(d, SIDECAR_UID, SIDECAR_UID)
+            opts.append("file-cache:max-size-mb:-1")
+        base = os.path.join(self.dir, "base")
+        os.makedirs(base, exist_ok=True)
+        gcsfuse_path = ctx.gcsfuse if CSI_TARGETS[self.name] == "gcsfuse" else ctx.dropin
+        cmd = [ctx.fake_node_driver, "--mountpoint", self.mnt, "--volume-base-path", base, "--volume-name", self.vol,
+               "--bucket", ctx.server["bucket"], "--stop", "native", "--grace-period", "60s", "--ready-timeout", "60s"]
+        for o in opts:
+            cmd += ["--mount-option", o]
+        return cmd + ["--", ctx.sidecar_mounter, f"--gcsfuse-path={gcsfuse_path}"]
+
     def start(self):
         logf = open(self.log_path, "ab")
         ready = os.path.join(self.dir, "ready")
-        if self.name == "raw":
+        env = None
+        self.cache_vol = None
+        if self.csi:
+            cmd = self.csi_cmd()
+            env = dict(os.environ, DRAINFS_REAL_GCSFUSE=self.ctx.gcsfuse, DRAINFS_SUMMARY_FILE=self.summary_path)
+            dropin_env(env, self.name)
+        elif self.name == "raw":
             cmd = self.gcsfuse_argv(self.mnt)
         elif self.name in ("auto", "never"):
             cmd = [self.ctx.drainfs, "run", "--lower", self.lower, "--mountpoint", self.mnt,
@@ -249,7 +334,7 @@ class Target:
         logf.write(("$ " + " ".join(cmd) + "\n").encode())
         logf.flush()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if self.sidecar else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE if self.sidecar else logf, stderr=logf,
+                                     stdout=subprocess.PIPE if self.sidecar else logf, stderr=logf, env=env,
                                      restore_signals=True, start_new_session=True)
         logf.close()
         self.ctx.tracker.add(self.proc.pid)
@@ -274,19 +359,29 @@ class Target:
         return self
 
     def drainfs_pid(self):
-        """The drainfs process (run or relay) of this target, or None for raw."""
-        if self.name == "raw":
+        """The drainfs process (run, relay or the hand-off) of this target, or None for raw
+        gcsfuse (raw, stock, stock-b)."""
+        if self.name in ("raw", "stock", "stock-b"):
             return None
         if self.name in ("auto", "never"):
             return self.proc.pid
-        c = child_pids(self.proc.pid)
+        parent = self.proc.pid
+        if self.csi:
+            # fake-node-driver -> the sidecar mounter -> the drop-in -> gcsfuse
+            c = child_pids(parent)
+            parent = c[0] if c else None
+        c = child_pids(parent) if parent else []
         return c[0] if c else None
 
     def gcsfuse_pid(self):
         """This target's gcsfuse process, or None when it cannot be found."""
         if self.name == "raw":
             return self.proc.pid
-        parent = self.proc.pid if self.name in ("auto", "never") else self.drainfs_pid()
+        if self.name in ("stock", "stock-b"):
+            c = child_pids(self.proc.pid)  # the sidecar mounter
+            parent = c[0] if c else None
+        else:
+            parent = self.proc.pid if self.name in ("auto", "never") else self.drainfs_pid()
         c = child_pids(parent) if parent else []
         return c[0] if c else None
 
@@ -312,7 +407,8 @@ class Target:
             if r.returncode != 0:
                 self.ctx.tracker.signal(p.pid, signal.SIGINT)
         elif self.sidecar:
-            p.stdin.close()  # stdin EOF: fake-node-driver stops the sidecar as on SIGTERM
+            if not p.stdin.closed:
+                p.stdin.close()  # stdin EOF: fake-node-driver stops the sidecar as on SIGTERM
         else:
             self.ctx.tracker.signal(p.pid, signal.SIGTERM)
         try:
@@ -323,6 +419,8 @@ class Target:
             raise BenchError(f"{self.key}: did not exit within {timeout} s of its stop")
         finally:
             self.ctx.tracker.reaped(p.pid)
+            if self.cache_vol:
+                shutil.rmtree(self.cache_vol, ignore_errors=True)
             if lowers.mountinfo_entry(self.mnt) or lowers.mountinfo_entry(self.lower):
                 lowers.unmount(self.mnt)
                 lowers.unmount(self.lower)
@@ -370,8 +468,9 @@ def part_throughput(ctx, raw):
                 targets[t.key] = t
                 t.start()
                 log(f"{t.key}: serving at {t.mnt}")
-                if t.key == "off/raw":
-                    # The read files, laid out once through raw gcsfuse before the others mount.
+                if t.key == f"off/{TARGETS[0]}":
+                    # The read files, laid out once through the first target (raw gcsfuse, or
+                    # stock) before the others mount.
                     rdir, _ = fio_dirs(t)
                     os.makedirs(rdir)
                     r = subprocess.run(["fio", "--create_only=1", "--output=/dev/null",
@@ -435,6 +534,11 @@ def part_throughput(ctx, raw):
                 raw["drainfs_cpu_s"][k] = proc_cpu_secs(pid) - cpu0.get(k, 0.0)
     finally:
         errors = []
+        # The sidecar mounter's stop of stock gcsfuse takes its 5 s (SIGKILL): begin every
+        # sidecar's stop at once (stdin EOF), then wait for each.
+        for t in targets.values():
+            if t.csi and t.proc is not None and not t.proc.stdin.closed:
+                t.proc.stdin.close()
         for t in reversed(list(targets.values())):
             try:
                 raw["stops"][t.key] = t.stop()
@@ -445,7 +549,7 @@ def part_throughput(ctx, raw):
                     raw["throttled_s"][t.key] = ctx.cpu.throttled(t.cgroup) / 1e6
                 except (OSError, ValueError):
                     pass
-            if t.sidecar:
+            if t.sidecar and not t.csi:
                 try:
                     with open(t.summary_path) as f:
                         raw["relay_profile"][t.key] = (json.load(f).get("relay") or {}).get("profile")
@@ -507,17 +611,18 @@ def tail_run(ctx, arr, stop, n):
                "--ready-file", ready, *trig, "--",
                *lowers.mount_argv("gcsfuse", ctx.lowers_dir, lower, os.path.join(d, "gcsfuse.log"))]
     else:
-        vol = f"drainfs-bench-{os.getpid()}-{tag}"
+        # Short: the socket's path (BASE/VOL/socket) must fit in sun_path.
+        vol = f"drainfs-bench-{os.getpid()}-t{arr[0]}{stop[0]}{n}"
         with open(os.path.join(ctx.work, "global-dirs"), "a") as f:
             f.write(f"/gcsfuse-tmp/.volumes/{vol}\n/gcsfuse-buffer/.volumes/{vol}\n")
         gcsfuse_path = ctx.gcsfuse if arr == "stock" else ctx.dropin
         env["DRAINFS_REAL_GCSFUSE"] = ctx.gcsfuse
-        env["DRAINFS_DROPIN_MODE"] = "relay"  # the drop-in's default is the hand-off
+        dropin_env(env, arr)
         env["DRAINFS_SUMMARY_FILE"] = summary
         cmd = [ctx.fake_node_driver, "--mountpoint", mnt, "--volume-base-path", base, "--volume-name", vol,
                "--bucket", ctx.server["bucket"], "--stop", "native" if stop == "native" else "exit-file",
                "--grace-period", "30s", "--ready-timeout", "60s"]
-        for o in sidecar_mount_options(ctx):
+        for o in sidecar_mount_options(ctx) + DROPIN_MODE.get(arr, []):
             cmd += ["--mount-option", o]
         cmd += ["--", ctx.sidecar_mounter, f"--gcsfuse-path={gcsfuse_path}"]
     logf.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -550,7 +655,9 @@ def tail_run(ctx, arr, stop, n):
                               str(ctx.p["tail_file_size"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              timeout=300)
         t_app = time.monotonic()
-        # The stop, right after the application's exit.
+        # The stop, right after the application's exit (or --tail-stop-delay later).
+        if ctx.p["tail_stop_delay"]:
+            time.sleep(ctx.p["tail_stop_delay"])
         if arr == "mount":
             if stop == "native":
                 os.kill(p.pid, signal.SIGTERM)
@@ -561,6 +668,7 @@ def tail_run(ctx, arr, stop, n):
         else:
             p.stdin.close()
         t_stop = time.monotonic()
+        t_stop_wall = time.time()
         rc = p.wait(60)
         t_exit = time.monotonic()
         ctx.tracker.reaped(p.pid)
@@ -572,6 +680,7 @@ def tail_run(ctx, arr, stop, n):
             raise BenchError(f"tail {tag}: the application failed ({app.returncode}): {app.stderr.decode()[-500:]}")
         if arr == "mount":
             res["tail_ms"] = (t_exit - t_app) * 1000
+            res["stop_ms"] = (t_exit - t_stop) * 1000
             res["sidecar_exit"] = str(rc)
         else:
             ex = next((x for x in lines if x.startswith("sidecar exit: ")), None)
@@ -581,6 +690,8 @@ def tail_run(ctx, arr, stop, n):
             # fake-node-driver counts from its stop (the SIGTERM or the exit file) to the
             # sidecar's exit; add the time from the application's exit to that stop.
             res["tail_ms"] = (t_stop - t_app) * 1000 + float(ms.split()[0])
+            res["stop_ms"] = float(ms.split()[0])
+            res["sidecar_exit_wall"] = t_stop_wall + float(ms.split()[0]) / 1000
             res["sidecar_exit"] = status
             # What the sidecar mounter said of its child (gcsfuse, or the drop-in).
             res["sidecar_child"] = next((x[len("gcsfuse exit: "):] for x in lines if x.startswith("gcsfuse exit: ")), "?")
@@ -591,9 +702,17 @@ def tail_run(ctx, arr, stop, n):
             with open(summary) as f:
                 s = json.load(f)
             res["drainfs_exit"] = s.get("exit_code")
-            le = s.get("lower_exit")
-            if arr in ("mount", "relay"):  # the real gcsfuse behind drainfs, as drainfs saw it
+            res["drainfs_outcome"] = s.get("outcome")
+            le = s.get("gcsfuse_exit") if arr == "handoff" else s.get("lower_exit")
+            if arr in ("mount", "relay", "handoff"):  # the real gcsfuse behind drainfs, as drainfs saw it
                 res["gcsfuse_exit"] = json.dumps(le) if not isinstance(le, str) else le
+            # The drop-in's first trigger (the sidecar mounter's SIGTERM to it), wall clock in ms:
+            # the time from it to the sidecar's exit, without the sidecar mounter's own wait
+            # before it (its 5 s poll of the exit file).
+            trig = s.get("trigger") or (s.get("timings") or {}).get("trigger")
+            if trig and "sidecar_exit_wall" in res:
+                t_trig = datetime.datetime.fromisoformat(trig.replace("Z", "+00:00")).timestamp()
+                res["from_sigterm_ms"] = (res["sidecar_exit_wall"] - t_trig) * 1000
         except (OSError, ValueError):
             pass
         objs = lowers.objects("gcsfuse", ctx.lowers_dir, prefix=prefix + "/")
@@ -624,9 +743,6 @@ def tail_run(ctx, arr, stop, n):
 
 
 def part_tail(ctx, raw):
-    # The drop-in: drainfs under the name gcsfuse (the sidecar runs it as uid 65534).
-    os.makedirs(os.path.dirname(ctx.dropin), exist_ok=True)
-    shutil.copy2(ctx.drainfs, ctx.dropin)
     plan = [("native", ctx.p["tail_runs"]), ("exit-file", ctx.p["exit_file_runs"])]
     for stop, runs in plan:
         for n in range(runs):
@@ -653,28 +769,44 @@ def render(rows):
     return "\n".join(out)
 
 
+def base_of(t):
+    """The target `t`'s ratio is taken against (None for a baseline)."""
+    if t in ("raw", "stock"):
+        return None
+    return BASE.get(t, "raw")
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
 def throughput_table(ctx, raw):
     f = benchlib.fmt_num
-    rows = [["metric", "raw gcsfuse"] + [f"{t}" for t in TARGETS[1:]] + ["ratios " + " / ".join(TARGETS[1:]), "goal met (0.95x mount, 0.9x relay)"]]
+    compared = [t for t in TARGETS if base_of(t)]
+    goals = [t for t in compared if t in GOAL and t != "handoff"]
+    rows = [["metric"] + [("raw gcsfuse" if t == "raw" else t) for t in TARGETS]
+            + ["ratios " + " / ".join(f"{t}/{base_of(t)}" for t in compared),
+               "goal met (0.95x mount, 0.9x relay; handoff: see its table)"]]
     for cache in CACHES:
         for key, _, _, unit in benchlib.FIO_JOBS:
             for nj in ctx.p["numjobs"]:
-                m = {t: raw["fio"].get(f"{cache}/{key}/nj{nj}/{t}") for t in TARGETS}
-                m = {t: statistics.median(v) if v else None for t, v in m.items()}
-                ratios = {t: (m[t] / m["raw"]) if m[t] is not None and m["raw"] else None for t in TARGETS[1:]}
-                miss = [t for t in TARGETS[1:] if ratios[t] is not None and ratios[t] < GOAL[t]]
-                rows.append([f"cache {cache}: fio {key} nj{nj} ({unit})", f(m["raw"])] + [f(m[t]) for t in TARGETS[1:]]
-                            + [" / ".join(f(ratios[t]) for t in TARGETS[1:]), "yes" if not miss else "NO: " + ", ".join(miss)])
+                m = {t: med(raw["fio"].get(f"{cache}/{key}/nj{nj}/{t}")) for t in TARGETS}
+                ratios = {t: (m[t] / m[base_of(t)]) if m[t] is not None and m[base_of(t)] else None for t in compared}
+                miss = [t for t in goals if ratios[t] is not None and ratios[t] < GOAL[t]]
+                rows.append([f"cache {cache}: fio {key} nj{nj} ({unit})"] + [f(m[t]) for t in TARGETS]
+                            + [" / ".join(f(ratios[t]) for t in compared),
+                               ("yes" if not miss else "NO: " + ", ".join(miss)) if goals else ""])
         for th in ctx.p["md_threads"]:
             for ph in MD_PHASES:
-                m = {t: raw["md"].get(f"{cache}/{ph}/t{th}/{t}") for t in TARGETS}
-                m = {t: statistics.median(v) if v else None for t, v in m.items()}
-                # us/op: the ratio is raw's time over the target's (higher is better, as for fio).
-                ratios = {t: (m["raw"] / m[t]) if m[t] else None for t in TARGETS[1:]}
-                rows.append([f"cache {cache}: mdbench {ph} {th}T (us/op)", f(m["raw"])] + [f(m[t]) for t in TARGETS[1:]]
-                            + [" / ".join(f(ratios[t]) for t in TARGETS[1:]), ""])
-    rows.append(["drainfs CPU s over part 1", ""] + [f(raw["drainfs_cpu_s"].get(f"off/{t}")) + " / " + f(raw["drainfs_cpu_s"].get(f"on/{t}"))
-                                                     for t in TARGETS[1:]] + ["cache off / on", ""])
+                m = {t: med(raw["md"].get(f"{cache}/{ph}/t{th}/{t}")) for t in TARGETS}
+                # us/op: the ratio is the base's time over the target's (higher is better, as for fio).
+                ratios = {t: (m[base_of(t)] / m[t]) if m[t] and m[base_of(t)] else None for t in compared}
+                rows.append([f"cache {cache}: mdbench {ph} {th}T (us/op)"] + [f(m[t]) for t in TARGETS]
+                            + [" / ".join(f(ratios[t]) for t in compared), ""])
+    rows.append(["drainfs CPU s over part 1"] + [(f(raw["drainfs_cpu_s"].get(f"off/{t}")) + " / "
+                                                  + f(raw["drainfs_cpu_s"].get(f"on/{t}")))
+                                                 if f"off/{t}" in raw["drainfs_cpu_s"] else "" for t in TARGETS]
+                + ["cache off / on", ""])
     return render(rows)
 
 
@@ -693,9 +825,90 @@ def cpu_table(ctx, raw):
                         continue
                     g = statistics.median(x[0] for x in v)
                     d = statistics.median(x[1] for x in v)
-                    row.append(f"{f(g)} / {f(d)}" if t != "raw" else f(g))
+                    row.append(f"{f(g)} / {f(d)}" if t not in ("raw", "stock", "stock-b") else f(g))
                 rows.append(row)
     return render(rows)
+
+
+def per_rep_ratios(xs, base):
+    """xs[i] / base[i] for each repetition i (the runs of one repetition are interleaved)."""
+    return [x / b for x, b in zip(xs or [], base or []) if b]
+
+
+def spread_text(rs):
+    f = benchlib.fmt_num
+    return f"{f(min(rs))}-{f(max(rs))}" if rs else ""
+
+
+def handoff_verdicts(ctx, raw):
+    """The hand-off's goals, per fio job: throughput >= 0.98x of stock (gcsfuse through the
+    same fd hand-off) and CPU per GiB (gcsfuse + drainfs) equal to stock's, each the median of
+    the interleaved repetitions, judged against stock-b's distance from stock in the same runs
+    (raw gcsfuse against itself). Returns (rows of the throughput table, rows of the CPU table,
+    summary lines)."""
+    f = benchlib.fmt_num
+    reps = ctx.p["reps"]
+    judged = reps >= HANDOFF_MIN_REPS
+    have_b = "stock-b" in TARGETS
+    goal = GOAL["handoff"]
+    trows = [["fio job (cache, job, numjobs)", "stock", "stock-b", "handoff", "stock-b/stock (runs)",
+              "handoff/stock (runs)", f"goal >= {goal}x"]]
+    crows = [["CPU s per GiB (cache, job, numjobs)", "stock gcsfuse", "stock-b gcsfuse", "handoff gcsfuse + drainfs",
+              "stock-b/stock", "handoff/stock", f"goal: equal (+{HANDOFF_CPU_TOLERANCE:.0%} or stock's spread)"]]
+    t_met = t_total = c_met = c_total = 0
+    t_miss, c_miss = [], []
+    for cache in CACHES:
+        for key, _, _, unit in benchlib.FIO_JOBS:
+            for nj in ctx.p["numjobs"]:
+                name = f"cache {cache}: {key} nj{nj}"
+                k = f"{cache}/{key}/nj{nj}"
+                v = {t: raw["fio"].get(f"{k}/{t}") for t in ("stock", "stock-b", "handoff")}
+                m = {t: med(x) for t, x in v.items()}
+                if m["stock"] and m["handoff"] is not None:
+                    ratio = m["handoff"] / m["stock"]
+                    self_r = m["stock-b"] / m["stock"] if m["stock-b"] is not None else None
+                    noise = abs(self_r - 1) if self_r is not None else 0.0
+                    t_total += 1
+                    if not judged:
+                        verdict = f"not judged ({reps} reps < {HANDOFF_MIN_REPS})"
+                    elif ratio >= goal:
+                        verdict, t_met = "met", t_met + 1
+                    elif have_b and ratio >= 1 - noise:
+                        verdict, t_met = f"met within stock's own spread (+-{noise:.1%})", t_met + 1
+                    else:
+                        verdict = (f"NOT MET: {goal - ratio:.1%} short" + (f", beyond stock's spread +-{noise:.1%}"
+                                                                           if have_b else ", no stock-b to judge"))
+                        t_miss.append(name)
+                    trows.append([f"{name} ({unit})", f(m["stock"]), f(m["stock-b"]), f(m["handoff"]),
+                                  f"{f(self_r)} ({spread_text(per_rep_ratios(v['stock-b'], v['stock']))})" if have_b else "",
+                                  f"{f(ratio)} ({spread_text(per_rep_ratios(v['handoff'], v['stock']))})", verdict])
+                c = {t: raw["cpu_per_gib"].get(f"{k}/{t}") for t in ("stock", "stock-b", "handoff")}
+                cm = {t: med([sum(x) for x in c[t]]) if c[t] else None for t in c}
+                if cm["stock"] and cm["handoff"] is not None:
+                    ratio = cm["handoff"] / cm["stock"]
+                    self_r = cm["stock-b"] / cm["stock"] if cm["stock-b"] is not None else None
+                    allow = max(HANDOFF_CPU_TOLERANCE, abs(self_r - 1) if self_r is not None else 0.0)
+                    d = med([x[1] for x in c["handoff"]])
+                    c_total += 1
+                    if not judged:
+                        verdict = f"not judged ({reps} reps < {HANDOFF_MIN_REPS})"
+                    elif ratio <= 1 + allow:
+                        verdict, c_met = "met", c_met + 1
+                    else:
+                        verdict = f"NOT MET: +{ratio - 1:.1%} (allowed +{allow:.1%})"
+                        c_miss.append(name)
+                    crows.append([name, f(cm["stock"]), f(cm["stock-b"]), f"{f(cm['handoff'])} (drainfs {f(d)})",
+                                  f(self_r), f(ratio), verdict])
+    if judged:
+        lines = [f"handoff throughput >= {goal}x of stock: met on {t_met} of {t_total} fio jobs"
+                 + (f"; NOT MET on: {', '.join(t_miss)}" if t_miss else ""),
+                 f"handoff CPU per GiB equal to stock's: met on {c_met} of {c_total} fio jobs"
+                 + (f"; NOT MET on: {', '.join(c_miss)}" if c_miss else "")]
+    else:
+        lines = [f"handoff goals NOT JUDGED: {reps} interleaved reps, the goals need at least {HANDOFF_MIN_REPS} (--reps)"]
+    if not have_b:
+        lines.append("no stock-b target: the spread of stock against itself is unknown (add stock-b to --targets)")
+    return trows, crows, lines
 
 
 def profile_lines(raw):
@@ -710,15 +923,33 @@ def profile_lines(raw):
     return out
 
 
+def tail_verdict(ms):
+    """The hand-off's tail goals (p50 <= 15 ms, p95 <= 50 ms) on `ms`."""
+    if not ms:
+        return "no measurement"
+    p50, p95 = pct_nearest(ms, 0.5), pct_nearest(ms, 0.95)
+    miss = [f"{k} {v:.0f} > {TAIL_GOAL_MS[k]}" for k, v in (("p50", p50), ("p95", p95)) if v > TAIL_GOAL_MS[k]]
+    return "met" if not miss else "NOT MET: " + ", ".join(miss)
+
+
 def tail_table(ctx, raw):
-    rows = [["stop", "arrangement", "runs", "tail p50 (ms)", "tail p95 (ms)", "max (ms)", "bytes closed", "bytes lost",
-             "sidecar exit", "the sidecar on its child", "gcsfuse exit", "error-file lines"]]
+    """One row per stop and arrangement. `from SIGTERM`: from the drop-in's first trigger (the
+    sidecar mounter's SIGTERM to it, in drainfs's summary) to the sidecar's exit, which for the
+    exit file leaves out the sidecar mounter's own poll; the hand-off's goal is judged on the
+    tail for the native stop and on `from SIGTERM` for the exit file."""
+    rows = [["stop", "arrangement", "runs", "tail p50 (ms)", "tail p95 (ms)", "max (ms)",
+             "stop -> exit p50 / p95 (ms)", "from SIGTERM p50 / p95 (ms)", f"handoff goal (p50 <= {TAIL_GOAL_MS['p50']}, p95 <= {TAIL_GOAL_MS['p95']})",
+             "bytes closed", "bytes lost", "sidecar exit", "the sidecar on its child", "gcsfuse exit", "drainfs outcome",
+             "error-file lines"]]
+    verdicts = []
     for stop in ("native", "exit-file"):
         for arr in ARRANGEMENTS:
             rs = [r for r in raw["tail"] if r["arrangement"] == arr and r["stop"] == stop]
             if not rs:
                 continue
             ms = [r["tail_ms"] for r in rs]
+            ss = [r["stop_ms"] for r in rs if r.get("stop_ms") is not None]
+            fs = [r["from_sigterm_ms"] for r in rs if r.get("from_sigterm_ms") is not None]
 
             def counts(k):
                 c = {}
@@ -729,12 +960,26 @@ def tail_table(ctx, raw):
             for r in rs:
                 for line in r.get("error_lines", []):
                     err[line[:80]] = err.get(line[:80], 0) + 1
+            goal = "-"
+            if arr == "handoff":
+                goal = tail_verdict(ss if stop == "native" else fs)
+                verdicts.append(f"handoff tail, {stop} ({'the SIGTERM to the sidecar mounter' if stop == 'native' else 'the drop-in SIGTERM'}"
+                                f" -> sidecar exit, {len(rs)} runs): {goal}")
+                if stop == "native" and goal != "met" and not ctx.p["tail_stop_delay"]:
+                    verdicts.append("(the hand-off ends gcsfuse once its I/O counters stood still for the idle window, 2 s "
+                                    "by default, counting stillness before the stop: a stop right after the last close() "
+                                    "waits out the rest of the window; --tail-stop-delay 2.5 measures a stop with gcsfuse "
+                                    "idle; see docs/deploy-gke-managed.md)")
             rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct_nearest(ms, 0.5):.0f}",
-                         f"{pct_nearest(ms, 0.95):.0f}", f"{max(ms):.0f}", sum(r["bytes_closed"] for r in rs),
+                         f"{pct_nearest(ms, 0.95):.0f}", f"{max(ms):.0f}",
+                         f"{pct_nearest(ss, 0.5):.0f} / {pct_nearest(ss, 0.95):.0f}" if ss else "-",
+                         f"{pct_nearest(fs, 0.5):.0f} / {pct_nearest(fs, 0.95):.0f}" if fs else "-", goal,
+                         sum(r["bytes_closed"] for r in rs),
                          sum(r["bytes_lost"] for r in rs), counts("sidecar_exit"),
                          counts("sidecar_child") if arr != "mount" else "-", counts("gcsfuse_exit"),
+                         counts("drainfs_outcome") if arr != "stock" else "-",
                          "; ".join(f"{v}x {k}" for k, v in err.items()) if arr != "mount" else "(no sidecar)"])
-    return render(rows)
+    return render(rows) + ("\n" + "\n".join(verdicts) if verdicts else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,7 +992,8 @@ def main():
     ap.add_argument("--bin-dir", required=True, help="directory holding drainfs, mdbench and fake-node-driver")
     ap.add_argument("--results", help="results directory (default fuse-tests/bench/results/gcsfuse-<time>[-smoke])")
     ap.add_argument("--smoke", action="store_true", help="every part once with tiny sizes (CI)")
-    ap.add_argument("--reps", type=int, help="repetitions of part 1 (default 3, smoke 1)")
+    ap.add_argument("--reps", type=int, help="repetitions of part 1 (default 5, smoke 1; the hand-off's goals "
+                    "are judged with at least 5)")
     ap.add_argument("--runtime", help="fio runtime per job (default 5s, smoke 300ms)")
     ap.add_argument("--ramp", help="fio ramp time (default 1s, smoke 0)")
     ap.add_argument("--size", help="fio file size per job (default 64M, smoke 4M)")
@@ -756,6 +1002,8 @@ def main():
     ap.add_argument("--md-threads", help="mdbench threads, comma-separated (default 1,4, smoke 1)")
     ap.add_argument("--tail-runs", type=int, help="tail runs per arrangement, native SIGTERM (default 20, smoke 1)")
     ap.add_argument("--exit-file-runs", type=int, help="tail runs per arrangement, exit file (default 5, smoke 0)")
+    ap.add_argument("--tail-stop-delay", type=float, help="part 2: seconds between the application's exit and "
+                    "the stop (default 0: right after it)")
     ap.add_argument("--parts", default="throughput,tail", help="which parts to run (default throughput,tail)")
     ap.add_argument("--targets", help="part 1's targets, comma-separated, raw first (default "
                     + ",".join(TARGETS) + "; also: relay-0s, relay-capped)")
@@ -772,7 +1020,7 @@ def main():
     ctx = Ctx()
     ctx.profile = "smoke" if a.smoke else "full"
     ctx.p = dict(PROFILES[ctx.profile])
-    for k in ("reps", "runtime", "ramp", "size", "md_files", "tail_runs", "exit_file_runs"):
+    for k in ("reps", "runtime", "ramp", "size", "md_files", "tail_runs", "exit_file_runs", "tail_stop_delay"):
         if getattr(a, k) is not None:
             ctx.p[k] = getattr(a, k)
     for k in ("numjobs", "md_threads"):
@@ -783,9 +1031,16 @@ def main():
         sys.exit(f"gcsfuse bench: --parts takes throughput, tail or both, not {a.parts!r}")
     if a.targets:
         chosen = a.targets.split(",")
-        if chosen[0] != "raw" or len(chosen) < 2 or any(t not in KNOWN_TARGETS for t in chosen):
-            sys.exit(f"gcsfuse bench: --targets must start with raw and name some of {KNOWN_TARGETS}")
+        if (len(chosen) < 2 or len(set(chosen)) != len(chosen) or any(t not in KNOWN_TARGETS for t in chosen)
+                or any(base_of(t) and base_of(t) not in chosen[:i] for i, t in enumerate(chosen))):
+            sys.exit(f"gcsfuse bench: --targets names some of {KNOWN_TARGETS}, each after the target it is compared "
+                     f"with (raw for drainfs run and the relay, stock for stock-b and handoff): e.g. "
+                     f"raw,relay or stock,stock-b,handoff")
         TARGETS[:] = chosen
+    elif a.smoke:
+        # The smoke proves the harness: stock-b runs stock's code again; it stays out to keep
+        # the smoke near a minute.
+        TARGETS.remove("stock-b")
     ctx.work = os.path.abspath(a.workdir)
     ctx.logs = os.path.join(ctx.work, "logs")
     ctx.lowers_dir = os.path.join(ctx.work, "lowers")
@@ -795,7 +1050,10 @@ def main():
     os.makedirs(bindir)
     for name, path in private_bins(a.bin_dir, bindir, ("drainfs", "mdbench", "fake-node-driver"), "gcsfuse bench").items():
         setattr(ctx, name.replace("-", "_"), path)
+    # The drop-in: drainfs under the name gcsfuse (the sidecar mounter runs it as uid 65534).
     ctx.dropin = os.path.join(ctx.work, "dropin", "gcsfuse")
+    os.makedirs(os.path.dirname(ctx.dropin))
+    shutil.copy2(ctx.drainfs, ctx.dropin)
     try:
         ctx.gcsfuse = lowers.binary("gcsfuse")
         if a.gcsfuse:
@@ -860,8 +1118,16 @@ def main():
               f"{elapsed:.0f} s; loadavg start {load_start}, end {benchlib.loadavg()}; git {versions['git_head']}")
     out = [header]
     if raw["fio"]:
-        out += ["", "Part 1: throughput (ratios to raw gcsfuse with the same cache setting)", throughput_table(ctx, raw)]
+        out += ["", "Part 1: throughput (ratios to the baseline with the same cache setting: raw gcsfuse on a "
+                "directory, or for stock-b and handoff stock, gcsfuse through the sidecar mounter's fd hand-off)", throughput_table(ctx, raw)]
         out += ["", "CPU-seconds per GiB moved (fio's bytes), medians", cpu_table(ctx, raw)]
+        if "handoff" in TARGETS:
+            trows, crows, lines = handoff_verdicts(ctx, raw)
+            raw["handoff_goals"] = lines
+            out += ["", f"The hand-off against stock gcsfuse through the same fd hand-off (the real sidecar mounter), "
+                    f"medians of {ctx.p['reps']} interleaved reps; stock-b is stock again (its own gcsfuse), the spread "
+                    f"of raw gcsfuse against itself; (runs) = lowest-highest of the per-rep ratios",
+                    render(trows), "", render(crows)] + lines
         prof = profile_lines(raw)
         if prof:
             out += ["", "The relay's instrument (whole part 1, from its summary)"] + prof
@@ -873,7 +1139,9 @@ def main():
             out.append("drainfs auto on fuse.gcsfuse: " + dp[-220:])
     if raw["tail"]:
         out += ["", f"Part 2: end-of-Job tail through the real sidecar mounter ({ctx.p['tail_files']} files x "
-                f"{ctx.p['tail_file_size'] >> 20} MiB, stop right after the application's exit)", tail_table(ctx, raw)]
+                f"{ctx.p['tail_file_size'] >> 20} MiB, stop "
+                + (f"{ctx.p['tail_stop_delay']:g} s after" if ctx.p["tail_stop_delay"] else "right after")
+                + " the application's exit)", tail_table(ctx, raw)]
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "versions": versions,
             "loadavg_start": load_start}
     benchlib.write_results(ctx.results, "\n".join(out), {"meta": meta, "raw": raw}, logs=ctx.logs)

@@ -2,12 +2,13 @@
 # drainfs against the real gcsfuse (v3.11.2) on fake-gcs-server, and the end-of-Job tail through
 # GKE's real sidecar mounter (gcs-fuse-csi-driver v1.24.4). See gcsfuse.py and README.md.
 #
-#   fuse-tests/bench/gcsfuse.sh            full run (about 40 minutes on a quiet 2-vCPU VM)
-#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: both parts, tiny sizes, no exit-file runs (about a minute)
+#   fuse-tests/bench/gcsfuse.sh            full run (5 reps, 8 targets: estimated 1.5-2 hours on a quiet 2-vCPU VM)
+#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: both parts, tiny sizes, no exit-file runs, no stock-b (about a minute)
+#   fuse-tests/bench/gcsfuse.sh --targets stock,stock-b,handoff    the hand-off against stock gcsfuse only
 #
 # Other options go to gcsfuse.py (--reps, --runtime, --ramp, --size, --md-files, --numjobs 1,4,
-# --md-threads 1,4, --tail-runs, --exit-file-runs, --parts throughput,tail, --results DIR,
-# --targets raw,relay,..., --cpu-limit CPUS: each target's processes in a cgroup limited to CPUS,
+# --md-threads 1,4, --tail-runs, --exit-file-runs, --tail-stop-delay S, --parts throughput,tail,
+# --results DIR, --targets raw,relay,..., --cpu-limit CPUS: each target's processes in a cgroup limited to CPUS,
 # as a sidecar's CPU limit); --no-build skips the cargo build; --gcsfuse-version X.Y.Z runs that
 # gcsfuse release instead of v3.11.2 (built once with `go install` from the Go module proxy into
 # /opt/drainfs-lowers/go/gobin-X.Y.Z; v3.13.0 needs Go 1.27, which the go command takes from the

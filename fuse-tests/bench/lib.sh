@@ -15,7 +15,8 @@
 # The EXIT trap stops the Python driver, then every process listed in $work/pids (by PID, and
 # only while its command line still names $work/: SIGTERM, SIGKILL 8 s later), unmounts
 # whatever is still mounted under $work (deepest first), removes the directories listed in
-# $work/global-dirs (outside $work, e.g. the sidecar mounter's hard-coded /gcsfuse-tmp/.volumes/VOL),
+# $work/global-dirs (outside $work, e.g. the sidecar mounter's hard-coded /gcsfuse-tmp/.volumes/VOL
+# and /gcsfuse-cache/.volumes/VOL),
 # and removes $work. It exits 1 if a mount under $work survived.
 # shellcheck shell=bash
 
@@ -92,7 +93,7 @@ bench_cleanup() {
         local d
         while read -r d; do
             case "$d" in
-                /gcsfuse-tmp/.volumes/drainfs-bench-*|/gcsfuse-buffer/.volumes/drainfs-bench-*) rm -rf -- "$d" ;;
+                /gcsfuse-tmp/.volumes/drainfs-bench-*|/gcsfuse-buffer/.volumes/drainfs-bench-*|/gcsfuse-cache/.volumes/drainfs-bench-*) rm -rf -- "$d" ;;
             esac
         done <"$work/global-dirs"
     fi
