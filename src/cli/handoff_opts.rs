@@ -29,10 +29,10 @@ pub struct HandoffArgs {
     pub idle_sample: Duration,
 
     /// After the SIGTERM drainfs sends an idle gcsfuse, how long it may take to exit before
-    /// SIGKILL (`0s`: SIGKILL at once). gcsfuse v3.11.2 on `/dev/fd/N` does not exit on
-    /// SIGTERM (it cannot unmount a mount it did not make, and serves on for 30 s), so this
-    /// is short: all of it is added to every stop.
-    #[arg(long, env = "DRAINFS_TERM_WAIT", value_parser = parse_duration, default_value = "20ms", help_heading = HEADING_SHUTDOWN)]
+    /// SIGKILL (`0s`, the default: an idle gcsfuse is SIGKILLed at once, no SIGTERM). gcsfuse
+    /// v3.11.2 on `/dev/fd/N` does not exit on SIGTERM (it cannot unmount a mount it did not
+    /// make, and serves on for 30 s), so any wait here is added to every stop for nothing.
+    #[arg(long, env = "DRAINFS_TERM_WAIT", value_parser = parse_duration, default_value = "0s", help_heading = HEADING_SHUTDOWN)]
     pub term_wait: Duration,
 
     /// Shutdown triggers besides signals.
