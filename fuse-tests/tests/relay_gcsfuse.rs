@@ -450,14 +450,20 @@ fn relay_gcsfuse_sigkilled_is_lower_failed_and_names_the_open_file() {
     assert!(!e.sigkill_sent, "{e}");
     assert_eq!(e.signal.as_deref(), Some("SIGKILL"), "{e}");
     // The summary keeps exit code 69 and its outcome (the process ends by the signal), and
-    // the file whose close failed is named.
+    // names the file: among the failed flushes when the close's FLUSH reached the relay
+    // before its summary, else among the files still open (the relay ends at once once the
+    // daemon is dead; a loaded machine can run the test's close after that).
     let summary = summary_at(&s.summary);
     assert_eq!(summary["outcome"], "lower_failed", "{summary:#}");
     assert_eq!(summary["exit_code"], 69, "{summary:#}");
     assert_eq!(summary["forced"], "lower_died", "{summary:#}");
-    assert_eq!(
-        summary["failed_flushes"],
-        serde_json::json!(["w.bin"]),
+    let named = |key: &str| {
+        summary[key]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|p| p == "w.bin"))
+    };
+    assert!(
+        named("failed_flushes") || named("open_paths"),
         "{summary:#}"
     );
     assert!(!bucket(&server).contains_key("w.bin"));
