@@ -277,6 +277,9 @@ pub struct Outcome {
     /// A close of the lower fds drainfs held did not finish within its budget: its result (an
     /// upload) is unknown.
     pub closes_unfinished: bool,
+    /// No file was opened for writing through drainfs during the whole run: the lower can
+    /// hold no upload of the workload's, whatever it was doing when it was SIGKILLed.
+    pub never_opened_write: bool,
 }
 
 /// The exit status for an outcome: 69 when the lower died or stopped uncleanly on its own;
@@ -288,9 +291,12 @@ pub struct Outcome {
 /// ([`Outstanding::is_drained`] at the kill) while such requests were in flight (at the kill,
 /// or when the teardown began and then cut them off) loses nothing: gcsfuse (jacobsa/fuse's
 /// `ServeOps`) waits for its in-flight ops before it exits, so a READ it cannot answer (the
-/// bucket unreachable) makes it miss its stop budget although every upload is done. A lower killed with nothing visible outstanding stays 75: it was busy with work
-/// of its own (an upload drainfs cannot see, such as rclone's write-back, or a read that
-/// kernel passthrough kept out of drainfs's counts).
+/// bucket unreachable) makes it miss its stop budget although every upload is done. A lower
+/// killed with nothing visible outstanding stays 75: it was busy with work of its own (an
+/// upload drainfs cannot see, such as rclone's write-back, or a read that kernel passthrough
+/// kept out of drainfs's counts), unless no file was ever opened for writing through drainfs
+/// (`never_opened_write`: a daemon SIGKILLed while still starting, before anything was
+/// served), which leaves it no upload of the workload's to lose.
 pub fn exit_code(o: &Outcome) -> ExitCode {
     if o.lower_died || (o.lower_stop == Some(LowerStop::Unclean) && o.forced.is_none()) {
         return ExitCode::LowerFailed;
@@ -301,6 +307,7 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
     let forced_with_work =
         o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
     let killed_with_work = o.lower_stop == Some(LowerStop::Killed)
+        && !o.never_opened_write
         && !o
             .outstanding_at_kill
             .is_some_and(|w| kill_explained_by_reads(&w, o.reads_at_teardown));

@@ -189,9 +189,12 @@ impl Record {
         }
     }
 
-    /// The inputs of [`crate::drain::exit_code`]: this record and what `machine` decided.
-    pub fn outcome(&self, machine: &Machine) -> Outcome {
+    /// The inputs of [`crate::drain::exit_code`]: this record, what `machine` decided, and
+    /// whether any file was opened for writing during the run (`opened_write`, from the
+    /// accounting).
+    pub fn outcome(&self, machine: &Machine, opened_write: bool) -> Outcome {
         Outcome {
+            never_opened_write: !opened_write,
             lower_died: machine.lower_died().is_some(),
             lower_stop: self.lower_stop,
             forced: machine.forced(),
@@ -1075,12 +1078,15 @@ mod tests {
         };
         let t0 = std::time::Instant::now();
         m.trigger(Cause::Sigterm, t0);
-        assert_eq!(crate::drain::exit_code(&r.outcome(&m)), ExitCode::Clean);
+        assert_eq!(
+            crate::drain::exit_code(&r.outcome(&m, true)),
+            ExitCode::Clean
+        );
         r.add_failed_flushes(["/a".to_string(), "/b".to_string()]);
         r.add_failed_flushes(["/a".to_string()]);
         assert_eq!(r.failed_flushes, ["/a", "/b"], "each path once");
         assert_eq!(
-            crate::drain::exit_code(&r.outcome(&m)),
+            crate::drain::exit_code(&r.outcome(&m, true)),
             ExitCode::Incomplete
         );
         let s = Summary::new(
@@ -1117,7 +1123,7 @@ mod tests {
         assert_eq!(s.lower_died.as_deref(), Some("gone"));
         assert!(matches!(s.cause, Some(Cause::Sigterm)), "the first trigger");
         assert_eq!(
-            crate::drain::exit_code(&r.outcome(&m)),
+            crate::drain::exit_code(&r.outcome(&m, true)),
             ExitCode::LowerFailed
         );
     }

@@ -89,7 +89,11 @@ impl Executor {
 
     /// The exit code of what the teardown found ([`crate::drain::exit_code`]).
     pub(super) fn exit_code(&self) -> ExitCode {
-        crate::drain::exit_code(&self.record.outcome(&self.machine))
+        let opened_write = self
+            .acct
+            .handles_opened(crate::accounting::HandleMode::Write)
+            > 0;
+        crate::drain::exit_code(&self.record.outcome(&self.machine, opened_write))
     }
 
     /// The run is over (exit code `code`): `done`, and the summary. No provisional summary is
