@@ -135,6 +135,14 @@ impl Inode {
             .retain(|l| !(l.parent.nodeid == parent && l.name.as_c_str() == name));
     }
 
+    /// Whether `parent/name` is one of the remembered names.
+    pub(super) fn remembers(&self, parent: u64, name: &CStr) -> bool {
+        self.locs
+            .lock()
+            .iter()
+            .any(|l| l.parent.nodeid == parent && l.name.as_c_str() == name)
+    }
+
     /// The remembered names, most recent first.
     pub(super) fn locations(&self) -> Vec<(Arc<Inode>, CString)> {
         self.locs
@@ -272,6 +280,14 @@ impl InodeStore {
     /// Every known inode.
     pub(super) fn all(&self) -> Vec<Arc<Inode>> {
         self.map.read().by_id.values().cloned().collect()
+    }
+
+    /// Every known inode that remembers the name `parent/name` (a scan of the store).
+    pub(super) fn known_under(&self, parent: u64, name: &CStr) -> Vec<Arc<Inode>> {
+        let all = self.all();
+        all.into_iter()
+            .filter(|i| i.remembers(parent, name))
+            .collect()
     }
 
     /// Finds or creates the inode for `st` at `parent/name`, takes one lookup reference and

@@ -7,7 +7,13 @@
 //! new lower inode, and under a renamed directory every name is. Then the moved inode loses the
 //! name and is detached with everything under it (requests by its nodeid fail with `ESTALE`;
 //! its open handles keep what they opened), and the rename's answer names the new name for
-//! the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode.
+//! the kernel to drop ([`Renamed::stale`]): the next LOOKUP finds the lower's inode. The
+//! moved inode is the one the lower's key under the old name gives and, unless drainfs knows
+//! that one under the old name, every inode drainfs knows under it: the kernel moves the
+//! nodeid drainfs last answered for the name, whose lower inode gcsfuse may have replaced
+//! since (a new generation of the object), and that nodeid must not keep reaching the lower
+//! by the name it lost (an open through the moved entry, before the kernel drops it, got
+//! `ENOENT` instead of `ESTALE`).
 //! Before a rename replaces an existing name, drainfs closes its own fds of the replaced
 //! inode, so the lower sees no more references to it than it would without drainfs.
 
@@ -21,6 +27,10 @@ use super::inodes::{Inode, InodeKey};
 use super::sys::{self, Caller};
 use super::{Entry, Fs, Renamed, cname};
 use crate::error::{Kind, Result};
+
+/// What a rename moves from one name ([`Fs::moved_at`]): the inode of the lower's key under
+/// the name, if known, and the other inodes known under the name.
+type Moved = (Option<Arc<Inode>>, Vec<Arc<Inode>>);
 
 impl Fs {
     fn new_entry(&self, parent: &Arc<Inode>, pfd: &OwnedFd, name: &CStr) -> Result<Entry> {
@@ -108,6 +118,23 @@ impl Fs {
         self.inodes.by_key(InodeKey::of(&st))
     }
 
+    /// What a rename of `parent/name` moves: the inode of the lower's key under the name
+    /// ([`Fs::known_at`]) and, unless that inode is known under this name, every inode that
+    /// is. The kernel's entry for the name holds the nodeid drainfs last answered for it,
+    /// whose lower inode the lower may since have replaced without drainfs (gcsfuse mints a new
+    /// inode for an object's newer generation, as after a CREATE, its writes and FLUSHes), and
+    /// the kernel moves that nodeid to the new name all the same.
+    fn moved_at(&self, parent: &Arc<Inode>, dir: &OwnedFd, name: &CStr) -> Moved {
+        let by_key = self.known_at(dir, name);
+        if by_key
+            .as_ref()
+            .is_some_and(|i| i.remembers(parent.nodeid, name))
+        {
+            return (by_key, Vec::new());
+        }
+        (by_key, self.inodes.known_under(parent.nodeid, name))
+    }
+
     /// RENAME with renameat2 flags (RENAME_NOREPLACE, RENAME_EXCHANGE). Afterwards each
     /// moved inode is checked against what the lower now has under its new name
     /// (`Fs::settle_moved`): where the lower kept its `(st_dev, st_ino)` (POSIX lowers) it
@@ -133,9 +160,13 @@ impl Fs {
         let newname = cname(newname)?;
         let pfd = self.inode_fd(&parent)?;
         let npfd = self.inode_fd(&newparent)?;
-        let moved = self.known_at(&pfd, &name);
+        let (moved, also_moved) = self.moved_at(&parent, &pfd, &name);
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let target = self.known_at(&npfd, &newname);
+        let (target, also_target) = if exchange {
+            self.moved_at(&newparent, &npfd, &newname)
+        } else {
+            (self.known_at(&npfd, &newname), Vec::new())
+        };
         if !exchange && let Some(replaced) = &target {
             // drainfs holds no reference to what the rename replaces, as an application on
             // the lower alone would not: gcsfuse v3.11.2 shows a directory renamed onto an
@@ -149,7 +180,7 @@ impl Fs {
         super::tests::hook(super::tests::Point::AfterLowerRename);
         let mut stale = Vec::new();
         let to = (&newparent, &*npfd, newname.as_c_str());
-        if !self.settle_moved(moved.as_ref(), (&parent, &name), to) {
+        if !self.settle_all(moved.as_ref(), &also_moved, (&parent, &name), to) {
             stale.push((
                 newparent.nodeid,
                 OsStr::from_bytes(newname.as_bytes()).into(),
@@ -157,7 +188,7 @@ impl Fs {
         }
         if exchange {
             let to = (&parent, &*pfd, name.as_c_str());
-            if !self.settle_moved(target.as_ref(), (&newparent, &newname), to) {
+            if !self.settle_all(target.as_ref(), &also_target, (&newparent, &newname), to) {
                 stale.push((parent.nodeid, OsStr::from_bytes(name.as_bytes()).into()));
             }
         } else if let Some(replaced) = target
@@ -170,6 +201,24 @@ impl Fs {
             }
         }
         Ok(Renamed { stale })
+    }
+
+    /// [`Fs::settle_moved`] for each inode a rename moved ([`Fs::moved_at`]): `moved`, the
+    /// inode of the lower's key, and `also`, the others known under the old name (the lower's
+    /// key under the new name is not theirs: they are detached). True when there was one and
+    /// the lower kept every identity.
+    fn settle_all(
+        &self,
+        moved: Option<&Arc<Inode>>,
+        also: &[Arc<Inode>],
+        from: (&Arc<Inode>, &CStr),
+        to: (&Arc<Inode>, &OwnedFd, &CStr),
+    ) -> bool {
+        let mut kept = self.settle_moved(moved, from, to);
+        for inode in also {
+            kept &= self.settle_moved(Some(inode), from, to);
+        }
+        kept
     }
 
     /// After a rename moved `inode` (the inode drainfs knew under `from`, if any) to `to`:

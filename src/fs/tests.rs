@@ -992,3 +992,55 @@ fn a_rename_holds_no_fd_of_what_it_replaces() {
     );
     assert!(fs.lookup(s.nodeid, OsStr::new("file")).is_ok());
 }
+
+/// gcsfuse can give a name a new inode without drainfs: after a CREATE, its writes and its
+/// FLUSHes, a LOOKUP of the object's newer generation mints a new gcsfuse inode. The kernel's
+/// entry keeps the nodeid drainfs answered at CREATE (drainfs's `--ttl`), and a RENAME moves
+/// that entry to the new name, although the lower's inode under the old name (what the rename
+/// moves) was never known to drainfs. That nodeid must not keep its old name (gone after the
+/// rename: the application's next open through the moved entry, which can come before the
+/// kernel drops it, got `ENOENT` from the reopen by name) nor its cached fd (the old lower
+/// inode): it is detached, so the open fails with ESTALE and the VFS looks the name up again.
+#[test]
+fn a_rename_detaches_the_nodeid_the_kernel_moves_when_the_lower_changed_it_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs_on(dir.path(), 64);
+    let (e, fh) = create(&fs, ROOT_ID, "f");
+    fs.write(e.nodeid, fh, 0, b"one", None).unwrap();
+    fs.release(e.nodeid, fh).unwrap();
+    let (cached, fh) = create(&fs, ROOT_ID, "c");
+    fs.write(cached.nodeid, fh, 0, b"cc", None).unwrap();
+    fs.release(cached.nodeid, fh).unwrap();
+    cache_fd(&fs, cached.nodeid);
+    // The lower gives both names new inodes, the content unchanged (a POSIX lower then keeps
+    // them through the rename: the moved identities are simply unknown to drainfs). `c` first:
+    // its old inode stays referenced by the cached fd, and `f`'s is freed last, so neither new
+    // inode can take an old one's number (which would name the old nodeid again).
+    recreate_as_copies(dir.path(), "c");
+    recreate_as_copies(dir.path(), "f");
+
+    for (old, from, to, want) in [
+        (e.nodeid, "f", "g", &b"one"[..]),
+        (cached.nodeid, "c", "d", &b"cc"[..]),
+    ] {
+        let renamed = fs
+            .rename(ROOT_ID, OsStr::new(from), ROOT_ID, OsStr::new(to), 0)
+            .unwrap();
+        assert_eq!(renamed.stale, vec![(ROOT_ID, OsString::from(to))]);
+        assert_eq!(
+            fs.open(old, libc::O_RDONLY, Caller::ROOT, None)
+                .err()
+                .map(|e| e.raw_errno()),
+            Some(libc::ESTALE),
+            "{from}: an open through the moved entry"
+        );
+        assert_eq!(
+            fs.getattr(old, None).err().map(|e| e.raw_errno()),
+            Some(libc::ESTALE),
+            "{from}: a GETATTR through the moved entry"
+        );
+        let now = fs.lookup(ROOT_ID, OsStr::new(to)).unwrap();
+        assert_ne!(now.nodeid, old);
+        assert_eq!(read_all(&fs, now.nodeid), want);
+    }
+}
