@@ -309,10 +309,12 @@ def workload(vol, open_during_term, term):
 
 
 def schema_errors(doc):
-    """Where `doc` breaks the published summary schema (jsonschema: in the manifest linters'
-    virtualenv, which docker/check.sh installs)."""
+    """Where `doc` breaks the published summary schema of its data path (the hand-off's own,
+    docker/monitoring/handoff-summary.schema.json, for `data_path` "handoff"; jsonschema: in
+    the manifest linters' virtualenv, which docker/check.sh installs)."""
     import jsonschema
-    with open(os.path.join(REPO, "docker", "monitoring", "summary.schema.json")) as f:
+    name = "handoff-summary.schema.json" if doc.get("data_path") == "handoff" else "summary.schema.json"
+    with open(os.path.join(REPO, "docker", "monitoring", name)) as f:
         schema = json.load(f)
     v = jsonschema.Draft202012Validator(schema)
     return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in v.iter_errors(doc)]
@@ -586,6 +588,10 @@ def test_overlay(stack, workdir, numa_node=None):
     except ValueError:
         summary = {}
     check(summary.get("exit_code") == 0, f"{name}: the termination message is drainfs's summary, exit 0 ({text[:200]!r})")
+    if name.startswith("gke-overlay"):
+        # GKE's image sets no DRAINFS_DROPIN_MODE and the volume asks for no mode: the hand-off.
+        check(summary.get("data_path") == "handoff" and summary.get("outcome") == "idle",
+              f"{name}: the drop-in's default, the hand-off, stopped with gcsfuse idle ({text[:200]!r})")
     check(schema_errors(summary) == [], f"{name}: the summary matches the schema {schema_errors(summary)}")
     got = objects(port)
     check(sorted(got) == sorted(files), f"{name}: the bucket holds exactly the files written ({sorted(got)})")
