@@ -277,9 +277,10 @@ pub struct Outcome {
     /// A close of the lower fds drainfs held did not finish within its budget: its result (an
     /// upload) is unknown.
     pub closes_unfinished: bool,
-    /// No file was opened for writing through drainfs during the whole run: the lower can
-    /// hold no upload of the workload's, whatever it was doing when it was SIGKILLed.
-    pub never_opened_write: bool,
+    /// The relay's daemon never answered INIT: nothing but INIT reached it (the kernel holds
+    /// every other request of the connection until INIT is answered), so it holds nothing
+    /// of the workload's, whatever it was doing when it was SIGKILLed.
+    pub never_served: bool,
 }
 
 /// The exit status for an outcome: 69 when the lower died or stopped uncleanly on its own;
@@ -294,9 +295,9 @@ pub struct Outcome {
 /// bucket unreachable) makes it miss its stop budget although every upload is done. A lower
 /// killed with nothing visible outstanding stays 75: it was busy with work of its own (an
 /// upload drainfs cannot see, such as rclone's write-back, or a read that kernel passthrough
-/// kept out of drainfs's counts), unless no file was ever opened for writing through drainfs
-/// (`never_opened_write`: a daemon SIGKILLed while still starting, before anything was
-/// served), which leaves it no upload of the workload's to lose.
+/// kept out of drainfs's counts, or a writer on the lower's own mount), unless the lower is
+/// the relay's daemon and never answered INIT (`never_served`: SIGKILLed while still
+/// starting), which leaves it nothing of the workload's to lose.
 pub fn exit_code(o: &Outcome) -> ExitCode {
     if o.lower_died || (o.lower_stop == Some(LowerStop::Unclean) && o.forced.is_none()) {
         return ExitCode::LowerFailed;
@@ -307,7 +308,7 @@ pub fn exit_code(o: &Outcome) -> ExitCode {
     let forced_with_work =
         o.forced.is_some() && o.outstanding_at_force.is_some_and(|w| !w.is_drained());
     let killed_with_work = o.lower_stop == Some(LowerStop::Killed)
-        && !o.never_opened_write
+        && !o.never_served
         && !o
             .outstanding_at_kill
             .is_some_and(|w| kill_explained_by_reads(&w, o.reads_at_teardown));

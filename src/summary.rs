@@ -150,6 +150,9 @@ pub struct Summary {
 /// [`Summary::new`] builds the summary from it.
 #[derive(Debug, Clone, Default)]
 pub struct Record {
+    /// The data path served: drainfs's mount was up, the relay's daemon answered INIT, or
+    /// the hand-off started gcsfuse.
+    pub served: bool,
     /// Phase timings, milliseconds since the first trigger.
     pub timings: Timings,
     /// Paths still open when the teardown was forced (the relay adds files whose connection
@@ -189,12 +192,12 @@ impl Record {
         }
     }
 
-    /// The inputs of [`crate::drain::exit_code`]: this record, what `machine` decided, and
-    /// whether any file was opened for writing during the run (`opened_write`, from the
-    /// accounting).
-    pub fn outcome(&self, machine: &Machine, opened_write: bool) -> Outcome {
+    /// The inputs of [`crate::drain::exit_code`]: this record and what `machine` decided;
+    /// `relay`: the lower is the relay's daemon (whose connection serves nothing before its
+    /// INIT answer).
+    pub fn outcome(&self, machine: &Machine, relay: bool) -> Outcome {
         Outcome {
-            never_opened_write: !opened_write,
+            never_served: relay && !self.served,
             lower_died: machine.lower_died().is_some(),
             lower_stop: self.lower_stop,
             forced: machine.forced(),
@@ -1079,14 +1082,14 @@ mod tests {
         let t0 = std::time::Instant::now();
         m.trigger(Cause::Sigterm, t0);
         assert_eq!(
-            crate::drain::exit_code(&r.outcome(&m, true)),
+            crate::drain::exit_code(&r.outcome(&m, false)),
             ExitCode::Clean
         );
         r.add_failed_flushes(["/a".to_string(), "/b".to_string()]);
         r.add_failed_flushes(["/a".to_string()]);
         assert_eq!(r.failed_flushes, ["/a", "/b"], "each path once");
         assert_eq!(
-            crate::drain::exit_code(&r.outcome(&m, true)),
+            crate::drain::exit_code(&r.outcome(&m, false)),
             ExitCode::Incomplete
         );
         let s = Summary::new(
@@ -1123,7 +1126,7 @@ mod tests {
         assert_eq!(s.lower_died.as_deref(), Some("gone"));
         assert!(matches!(s.cause, Some(Cause::Sigterm)), "the first trigger");
         assert_eq!(
-            crate::drain::exit_code(&r.outcome(&m, true)),
+            crate::drain::exit_code(&r.outcome(&m, false)),
             ExitCode::LowerFailed
         );
     }

@@ -730,18 +730,18 @@ fn a_lower_killed_with_only_reads_in_flight_is_clean() {
         exit_code(&killed(Some(Outstanding::default()))),
         ExitCode::Incomplete
     );
-    // Unless no file was ever opened for writing through drainfs (a daemon SIGKILLed while
-    // still starting, before INIT was even relayed: seen under load): nothing to lose.
+    // Unless the relay's daemon never answered INIT (SIGKILLed while still starting, the stop
+    // before INIT was even relayed: seen under load): nothing reached it, nothing to lose.
     assert_eq!(
         exit_code(&Outcome {
-            never_opened_write: true,
+            never_served: true,
             ..killed(Some(Outstanding::default()))
         }),
         ExitCode::Clean
     );
     assert_eq!(
         exit_code(&Outcome {
-            never_opened_write: true,
+            never_served: true,
             ..killed(None)
         }),
         ExitCode::Clean

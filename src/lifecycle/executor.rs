@@ -89,11 +89,8 @@ impl Executor {
 
     /// The exit code of what the teardown found ([`crate::drain::exit_code`]).
     pub(super) fn exit_code(&self) -> ExitCode {
-        let opened_write = self
-            .acct
-            .handles_opened(crate::accounting::HandleMode::Write)
-            > 0;
-        crate::drain::exit_code(&self.record.outcome(&self.machine, opened_write))
+        let relay = self.cfg.relay.is_some();
+        crate::drain::exit_code(&self.record.outcome(&self.machine, relay))
     }
 
     /// The run is over (exit code `code`): `done`, and the summary. No provisional summary is
@@ -221,6 +218,7 @@ impl Executor {
 
     /// The data path serves: `starting` -> `serving`, the ready file.
     pub(super) fn serving(&mut self, why: &str) {
+        self.record.served = true;
         self.machine.mounted();
         self.sync_phase(why);
         if let Some(rf) = &self.cfg.lifecycle.ready_file
