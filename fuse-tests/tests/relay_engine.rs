@@ -183,6 +183,27 @@ fn relay_serves_data_and_stops_cleanly_on_sigterm() {
     assert!(s["counts"]["requests"].as_u64().unwrap() > 10, "{s:#}");
 }
 
+/// Once bucketfs (its `--events` log at `events`) has begun an upload, SIGTERMs drainfs and
+/// waits until its `/status` (admin server at `addr`) shows the door closed: a state, not a
+/// fixed sleep, so that a signal after this one is a second signal, never merged with it.
+fn sigterm_once_uploading(m: &mut RelayMount, events: &std::path::Path, addr: &str) {
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(events).is_ok_and(|t| t.contains("upload_start"))
+        }),
+        "the FLUSH never reached the daemon"
+    );
+    m.drainfs.signal(Signal::SIGTERM);
+    let closed = fuse_tests::wait::wait_status(addr, Duration::from_secs(10), |v| {
+        v["phase"] == "door_closed"
+    });
+    assert!(
+        closed.is_some(),
+        "the door did not close: {:?}",
+        fuse_tests::wait::status_from(addr)
+    );
+}
+
 /// The trigger waits for the FLUSH to reach the daemon (bucketfs's event log) and the create
 /// for the door to close (`/status`), not for fixed sleeps (400 ms, then 100 ms), which a
 /// loaded machine can outrun. The upload takes 3 s so that the drain still has more than the
@@ -199,21 +220,7 @@ fn drain_waits_for_a_slow_flush_and_the_door_refuses_new_creates() {
     );
     let p = m.mnt().join("slow.txt");
     let app = std::thread::spawn(move || write_file(&p, b"slow data"));
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            std::fs::read_to_string(events.path()).is_ok_and(|t| t.contains("upload_start"))
-        }),
-        "the FLUSH never reached the daemon"
-    );
-    m.drainfs.signal(Signal::SIGTERM);
-    let closed = fuse_tests::wait::wait_status(&addr, Duration::from_secs(10), |v| {
-        v["phase"] == "door_closed"
-    });
-    assert!(
-        closed.is_some(),
-        "the door did not close: {:?}",
-        fuse_tests::wait::status_from(&addr)
-    );
+    sigterm_once_uploading(&mut m, events.path(), &addr);
     let e = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -579,21 +586,7 @@ fn a_second_sigterm_forces_the_stop_with_the_flush_outstanding() {
     // The FLUSH is in the daemon's upload before the first SIGTERM, and the first is taken
     // (the door closed) before the second: two SIGTERMs sent while the first is still pending
     // are one signal.
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            std::fs::read_to_string(events.path()).is_ok_and(|t| t.contains("upload_start"))
-        }),
-        "the FLUSH never reached the daemon"
-    );
-    m.drainfs.signal(Signal::SIGTERM);
-    let closed = fuse_tests::wait::wait_status(&addr, Duration::from_secs(10), |v| {
-        v["phase"] == "door_closed"
-    });
-    assert!(
-        closed.is_some(),
-        "the door did not close: {:?}",
-        fuse_tests::wait::status_from(&addr)
-    );
+    sigterm_once_uploading(&mut m, events.path(), &addr);
     let t = Instant::now();
     m.drainfs.signal(Signal::SIGTERM);
     let st = m.wait_exit(Duration::from_secs(10));
