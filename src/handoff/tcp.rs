@@ -8,6 +8,13 @@
 //! since) is smaller than `tcpi_last_data_recv`. An idle keep-alive connection has received the
 //! last response after its request. [`awaiting_answer`] says whether any of gcsfuse's
 //! established connections (by socket inode, from `/proc/PID/fd`) is in the first state.
+//!
+//! The kernel keeps these times in jiffies (4 ms steps at `HZ=250`), so a request sent in the
+//! same step as the previous answer arrived shows a tie, for as long as the server takes to
+//! answer it. The server's ACK of that request breaks it ([`TcpSock::awaiting`]): delayed
+//! (about 40 ms on Linux) or not, it arrives after the tie, and `tcpi_last_ack_recv` turns
+//! younger than the last data received; a request answered within the step leaves the last
+//! ACK no younger than the answer, which carried it.
 
 /// `SOCK_DIAG_BY_FAMILY`, the netlink message type of an `inet_diag` request and its replies.
 pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -19,9 +26,18 @@ const TCP_ESTABLISHED: u8 = 1;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_ERROR: u16 = 2;
 /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h): 8 bytes of `__u8` fields, then
-/// `__u32`s: `tcpi_last_data_sent` is the 10th, `tcpi_last_data_recv` the 12th.
+/// `__u32`s: `tcpi_last_data_sent` is the 10th, `tcpi_last_data_recv` the 12th,
+/// `tcpi_last_ack_recv` the 13th.
 const LAST_DATA_SENT: usize = 44;
 const LAST_DATA_RECV: usize = 52;
+const LAST_ACK_RECV: usize = 56;
+
+/// How long after a tie's last send an ACK may arrive and still count as the server's ACK of
+/// that request (ms). Delayed ACKs come within 500 ms (RFC 1122; Linux at most 200 ms); a
+/// keep-alive probe's ACK, the only other ACK an idle connection receives, comes no sooner
+/// than 15 s after the last data (Go's default keep-alive idle time, gcsfuse's and its
+/// server's), and must not make a tie look like a request waiting.
+pub const TIE_ACK_MAX_MS: u32 = 5_000;
 
 /// One established TCP socket of the dump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,12 +48,24 @@ pub struct TcpSock {
     pub last_data_sent_ms: u32,
     /// Milliseconds since it last received data.
     pub last_data_recv_ms: u32,
+    /// Milliseconds since it last received an ACK (with data or without).
+    pub last_ack_recv_ms: u32,
 }
 
 impl TcpSock {
-    /// It sent data after the last data it received: a request waits for its answer.
+    /// It sent data after the last data it received: a request waits for its answer. When
+    /// the last send and the last receive share a timestamp step (a tie), the request waits
+    /// if an ACK arrived after that data, and no later than [`TIE_ACK_MAX_MS`] after the send
+    /// (the server's ACK of the request, not a keep-alive's). A tie whose ACK also falls in
+    /// the same step (an immediate ACK over a round trip shorter than the step) still reads
+    /// as not waiting: the idle window covers it.
     pub fn awaiting(&self) -> bool {
-        self.last_data_sent_ms < self.last_data_recv_ms
+        let (sent, recv, ack) = (
+            self.last_data_sent_ms,
+            self.last_data_recv_ms,
+            self.last_ack_recv_ms,
+        );
+        sent < recv || (sent == recv && ack < recv && sent - ack <= TIE_ACK_MAX_MS)
     }
 }
 
@@ -120,6 +148,7 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
                 inode,
                 last_data_sent_ms: u32_at(info, LAST_DATA_SENT)?,
                 last_data_recv_ms: u32_at(info, LAST_DATA_RECV)?,
+                last_ack_recv_ms: u32_at(info, LAST_ACK_RECV)?,
             });
         }
         off += (len + 3) & !3;
@@ -161,6 +190,11 @@ mod tests {
 
     /// An `inet_diag_msg` for an established socket with its `INET_DIAG_INFO`.
     fn diag(inode: u32, state: u8, sent: u32, recv: u32) -> Vec<u8> {
+        diag_ack(inode, state, sent, recv, recv)
+    }
+
+    /// [`diag`] with the last ACK received `ack` ms ago.
+    fn diag_ack(inode: u32, state: u8, sent: u32, recv: u32, ack: u32) -> Vec<u8> {
         let mut m = vec![0u8; 72];
         m[0] = 2;
         m[1] = state;
@@ -168,6 +202,7 @@ mod tests {
         let mut info = vec![0u8; 104];
         info[LAST_DATA_SENT..LAST_DATA_SENT + 4].copy_from_slice(&sent.to_ne_bytes());
         info[LAST_DATA_RECV..LAST_DATA_RECV + 4].copy_from_slice(&recv.to_ne_bytes());
+        info[LAST_ACK_RECV..LAST_ACK_RECV + 4].copy_from_slice(&ack.to_ne_bytes());
         // Another attribute first (INET_DIAG_MEMINFO-like), then the info.
         m.extend_from_slice(&8u16.to_ne_bytes());
         m.extend_from_slice(&1u16.to_ne_bytes());
@@ -198,6 +233,44 @@ mod tests {
         let err = nlmsg(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
         assert_eq!(parse_dump(&err), Err(libc::EPERM));
         assert_eq!(parse_dump(&buf[..30]).unwrap_err(), libc::EBADMSG);
+    }
+
+    /// The ages `ss -ti` showed for a request sent in the same 4 ms step as the previous
+    /// answer arrived (Python client and server on loopback, the server thinking 1 s):
+    /// `lastsnd:160 lastrcv:160 lastack:116` while it thought, and `lastsnd:160 lastrcv:160
+    /// lastack:160` when it had answered within the step.
+    #[test]
+    fn a_tie_is_a_request_waiting_once_its_ack_came_after_it() {
+        let sock = |sent, recv, ack| TcpSock {
+            inode: 1,
+            last_data_sent_ms: sent,
+            last_data_recv_ms: recv,
+            last_ack_recv_ms: ack,
+        };
+        assert!(sock(160, 160, 116).awaiting(), "the server's delayed ACK");
+        assert!(!sock(160, 160, 160).awaiting(), "answered within the step");
+        assert!(
+            !sock(160, 160, 200).awaiting(),
+            "the answer's ACK came earlier"
+        );
+        assert!(
+            sock(5_200, 5_200, 200).awaiting(),
+            "an ACK 5 s after the send"
+        );
+        assert!(
+            !sock(20_000, 20_000, 5_000).awaiting(),
+            "a keep-alive probe's ACK, 15 s after the tie"
+        );
+        assert!(sock(3, 900, 900).awaiting() && !sock(900, 3, 3).awaiting());
+        let buf = nlmsg(
+            SOCK_DIAG_BY_FAMILY,
+            &diag_ack(7, TCP_ESTABLISHED, 160, 160, 116),
+        );
+        let (socks, _) = parse_dump(&buf).unwrap();
+        assert_eq!(
+            socks,
+            [sock(160, 160, 116)].map(|s| TcpSock { inode: 7, ..s })
+        );
     }
 
     #[test]
