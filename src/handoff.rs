@@ -195,8 +195,8 @@ impl IdleWatch {
 pub enum Stop {
     /// Its counters stood still for the idle window.
     Idle,
-    /// The bound (the sidecar mounter's 5 s less the margin) came first: gcsfuse was still
-    /// doing I/O.
+    /// The bound ([`give_up_at`]: the grace period and the margin after it) came first:
+    /// gcsfuse was still doing I/O, and nothing had killed drainfs.
     Bound,
     /// A second signal: stop waiting.
     Forced,
@@ -239,6 +239,19 @@ pub fn stop_step(
         until = until.min(t.max(now));
     }
     StopStep::Wait { until }
+}
+
+/// When drainfs gives up waiting for a busy gcsfuse and SIGKILLs it itself: `margin` after
+/// the end of the grace period (`t0`, the first trigger, plus `grace`).
+///
+/// The grace period is the time to the SIGKILL that ends drainfs: GKE's sidecar mounter
+/// (v1.24.4, `cmd.Cancel` and `WaitDelay`) SIGKILLs its child 5 s after its SIGTERM, and
+/// gcsfuse dies with drainfs. So an upload in flight runs exactly as long as under the stock
+/// sidecar, whose SIGKILL ends gcsfuse at the same moment, and the termination log keeps
+/// drainfs's provisional summary (`stopping`, 75). drainfs kills gcsfuse itself only when
+/// nothing has killed drainfs by then (run by hand, or a sender that is late).
+pub fn give_up_at(t0: Instant, grace: Duration, margin: Duration) -> Instant {
+    t0 + grace + margin
 }
 
 /// How drainfs ends, from how gcsfuse ended: the summary's exit code and the signal to end

@@ -132,6 +132,20 @@ fn busy_at_the_bound_gives_up_there() {
     assert_eq!((s, at), (Stop::Bound, ms(4500)));
 }
 
+/// The bound is past the grace period ([`give_up_at`]): an upload still moving 4.8 s into
+/// the stop, when the stock sidecar's SIGKILL comes at 5 s, is waited for, not cut.
+#[test]
+fn an_upload_ending_just_before_the_grace_period_ends_is_not_cut() {
+    let base = Instant::now();
+    let stop = ms(1000);
+    let bound = give_up_at(base, ms(5000), ms(500)) - base + stop;
+    assert_eq!(bound, ms(6500));
+    let end = stop + ms(4800);
+    let (s, at) = drive(|t| Some(t.min(end).as_millis() as u64), stop, bound, None);
+    assert_eq!(s, Stop::Idle);
+    assert!(at >= end + WINDOW && at <= end + WINDOW + EVERY, "{at:?}");
+}
+
 /// Unreadable counters never count as idle: the bound ends it.
 #[test]
 fn unreadable_counters_are_never_idle() {

@@ -5,9 +5,11 @@
 //! itself, so the door, the counts and the drain are empty: the machine tears down as soon
 //! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io` every
 //! `sample_every` ([`IdleWatch`]); the teardown waits until the counters have stood still for
-//! the idle window (or the bound: the sidecar mounter's 5 s less the margin), then ends
-//! gcsfuse (SIGTERM, SIGKILL after `term_wait`: gcsfuse v3.11.2 cannot unmount a `/dev/fd/N`
-//! mount, so it would serve on for 30 s) and reaps it. The decisions are pure
+//! the idle window, then ends gcsfuse (SIGKILL, or SIGTERM and SIGKILL after `term_wait`:
+//! gcsfuse v3.11.2 cannot unmount a `/dev/fd/N` mount, so it would serve on for 30 s) and
+//! reaps it. A gcsfuse still busy is left to the SIGKILL that ends drainfs at the grace
+//! period's end (the sidecar mounter's, 5 s after its SIGTERM), as the stock sidecar leaves
+//! it; drainfs SIGKILLs it itself only at the bound ([`handoff::give_up_at`]), past that. The decisions are pure
 //! ([`crate::handoff`]); this file only reads, signals and waits.
 
 use std::process::Command;
@@ -198,7 +200,7 @@ impl HandoffPath {
     /// on a sample older than the decision), and on time in between; triggers are fed to the
     /// machine.
     async fn wait_idle(&mut self, ex: &mut Executor) -> Option<Stop> {
-        let bound = ex.machine.force_at().unwrap_or_else(Instant::now);
+        let bound = give_up_at(ex).unwrap_or_else(Instant::now);
         loop {
             self.sample();
             let now = Instant::now();
@@ -305,9 +307,17 @@ impl HandoffPath {
     }
 }
 
-/// Milliseconds from the first trigger to the bound (the machine's deadline).
+/// When drainfs gives up waiting for a busy gcsfuse ([`handoff::give_up_at`]; `None` before
+/// the first trigger).
+fn give_up_at(ex: &Executor) -> Option<Instant> {
+    let (t0, _) = ex.machine.first_trigger()?;
+    let l = &ex.cfg.lifecycle;
+    Some(handoff::give_up_at(t0, l.grace_period, l.grace_margin))
+}
+
+/// Milliseconds from the first trigger to the bound ([`give_up_at`]).
 fn bound_ms(ex: &Executor) -> Option<u64> {
-    ex.ms_since(ex.machine.force_at())
+    ex.ms_since(give_up_at(ex))
 }
 
 /// Starts `argv` as handed over: stdio, environment and every inherited fd (the kernel's
@@ -434,4 +444,56 @@ pub(super) fn finish(ex: &mut Executor) -> (HandoffSummary, super::Exit) {
             raise: ending.raise,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// The socket inode of `s`, as `/proc/PID/fd` shows it.
+    fn inode(s: &std::net::TcpStream) -> u32 {
+        let st = nix::sys::stat::fstat(s).unwrap();
+        st.st_ino as u32
+    }
+
+    /// The kernel's own dump, on loopback: a request sent right after the previous answer
+    /// arrived (often in the same timestamp step: a tie) waits for its answer until the
+    /// server answers, and the connection is idle after that.
+    #[test]
+    fn sock_diag_tells_a_request_waiting_from_an_answered_one() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut srv, _) = l.accept().unwrap();
+        c.set_nodelay(true).unwrap();
+        srv.set_nodelay(true).unwrap();
+        let mut buf = [0u8; 64];
+        let mut diag = Diag::open().unwrap();
+        let ino = inode(&c);
+        let mut state = |what: &str| {
+            let socks = diag.established().unwrap();
+            let s = *socks.iter().find(|s| s.inode == ino).unwrap();
+            eprintln!("{what}: {s:?}");
+            s.awaiting()
+        };
+        // One exchange, then the next request at once, then the server thinks.
+        c.write_all(b"GET /1").unwrap();
+        let n = srv.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"GET /1");
+        srv.write_all(b"200 one").unwrap();
+        c.read_exact(&mut buf[..7]).unwrap();
+        c.write_all(b"PUT /2").unwrap();
+        let n = srv.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"PUT /2");
+        // Past the server's delayed ACK (40 ms on Linux), which breaks a tie.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            state("the server thinks"),
+            "the request waits for its answer"
+        );
+        srv.write_all(b"200 two").unwrap();
+        c.read_exact(&mut buf[..7]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!state("answered"), "an answered request does not wait");
+    }
 }
