@@ -10,8 +10,8 @@ at random (weights: --mix):
 
 - `native`: the workload writes 1-3 files (1-16 MiB each, each close() returning once
   gcsfuse has uploaded it) and exits; after a random delay (0 to --max-delay, so that some
-  stops fall inside the idle window after the last I/O) the sidecar mounter gets SIGTERM with
-  NATIVE_SIDECAR=TRUE (a native sidecar once the workload exited);
+  stops fall inside the idle window after the last I/O, 700 ms by default) the sidecar mounter
+  gets SIGTERM with NATIVE_SIDECAR=TRUE (a native sidecar once the workload exited);
 - `exit-file`: the same workload, then the regular container's exit file, which the sidecar
   mounter polls every 5 s before it signals the drop-in;
 - `grace`: the pod's grace period runs out while the workload is inside close() of a large
@@ -30,7 +30,11 @@ was allowed to run that long), and when drainfs ended gcsfuse (its summary's
 `timings.gcsfuse_exited_ms`, from the drop-in's SIGTERM). An upload in flight is cut shorter
 than stock when it did not complete and the hand-off ended gcsfuse before stock would have
 (its SIGKILL, 5 s after the SIGTERM: the shortest stop measured in this run's stock runs, or
-5,000 ms). Exit status 1 on any silent loss, any shorter cut or any failed run, else 0.
+5,000 ms). A hand-off run without a final summary counts as cut shorter when its upload did not
+complete, although the sidecar mounter's SIGKILL, which leaves no final summary, ends drainfs
+and gcsfuse at stock's moment: since 4b4c922 drainfs leaves a busy gcsfuse to that SIGKILL
+instead of ending it at 4.5 s. Exit status 1 on any silent loss, any shorter cut or any failed
+run, else 0.
 
 The real kubelet SIGKILLs the whole sidecar container 2 s after its SIGTERM at the grace
 period's end, which cuts stock and the hand-off alike; by default these runs leave that out,
@@ -277,7 +281,9 @@ def one_run(ctx, n, scenario, arr, rng):
                 res["outcome"], res["idle"], res["still_ms"] = s.get("outcome"), s.get("idle"), s.get("still_ms")
                 res["gcsfuse_exited_ms"] = (s.get("timings") or {}).get("gcsfuse_exited_ms")
             except (OSError, ValueError):
-                res["outcome"] = "no summary"  # SIGKILLed (--kubelet-kill), or a failure: see the log
+                # SIGKILLed (the sidecar mounter's SIGKILL at 5 s with gcsfuse still busy, or
+                # --kubelet-kill), or a failure: see the log
+                res["outcome"] = "no summary"
         objs = lowers.objects("gcsfuse", ctx.lowers_dir, prefix=prefix + "/")
         closed = {r["name"]: r for r in recs if r["event"] == "closed" and r.get("closed")}
         closing = {r["name"]: r for r in recs if r["event"] == "closing"}
@@ -439,7 +445,7 @@ def main():
     ap.add_argument("--grace-sizes", default="16-160", help="MiB range of the file inside close() at the stop (default 16-160)")
     ap.add_argument("--max-delay", type=float, default=2.5,
                     help="longest delay (s) between the workload's exit and the stop (default 2.5: some stops fall "
-                         "inside the 2 s idle window after the last I/O)")
+                         "inside the idle window after the last I/O, 700 ms by default)")
     ap.add_argument("--kubelet-kill", type=float,
                     help="grace runs: the kubelet's SIGKILL of the whole sidecar this many seconds after the stop "
                          "(the kubelet gives 2); default: none, so that stock's 5 s and the hand-off's own end are "
