@@ -51,10 +51,13 @@ pub enum Command {
     /// Hand the inherited FUSE connection (COMMAND's `/dev/fd/N` argument, as GKE's sidecar
     /// mounter passes it) to COMMAND untouched: start COMMAND with drainfs's own argv,
     /// environment, stdio and fds, stay its parent (it dies with drainfs), and serve nothing.
-    /// On a trigger, wait until COMMAND's I/O counters have stood still for `--idle-window`
-    /// (at most until `--grace-margin` before the 5 s `--grace-period`), end it (SIGTERM, then
-    /// SIGKILL) and exit: by SIGTERM after a stop by SIGTERM with COMMAND idle, 75 when it was
-    /// still busy, and as COMMAND ended when it ended by itself. The gcsfuse drop-in's default.
+    /// On a trigger, wait until COMMAND's I/O counters have stood still for `--idle-window`,
+    /// end it (SIGKILL; SIGTERM first with `--term-wait`) and exit: by SIGTERM after a stop by
+    /// SIGTERM with COMMAND idle, and as COMMAND ended when it ended by itself. A COMMAND still
+    /// busy is left to the SIGKILL that ends drainfs at the end of the 5 s `--grace-period` (it
+    /// dies with drainfs); drainfs ends it itself and exits 75 only on a second signal, or if
+    /// nothing has killed drainfs `--grace-margin` after the grace period. The gcsfuse
+    /// drop-in's default.
     Handoff(Box<HandoffArgs>),
     /// Print the state of a running drainfs (through its control socket).
     Status {
