@@ -245,8 +245,9 @@ pub fn stop_step(
 /// the end of the grace period (`t0`, the first trigger, plus `grace`).
 ///
 /// The grace period is the time to the SIGKILL that ends drainfs: GKE's sidecar mounter
-/// (v1.24.4, `cmd.Cancel` and `WaitDelay`) SIGKILLs its child 5 s after its SIGTERM, and
-/// gcsfuse dies with drainfs. So an upload in flight runs exactly as long as under the stock
+/// (v1.24.4: `cmd.Cancel` sends the SIGTERM, `forceKillCmd` the SIGKILL after
+/// `gracefulKillGracePeriod`) SIGKILLs its child 5 s after its SIGTERM, and gcsfuse dies with
+/// drainfs. So an upload in flight runs exactly as long as under the stock
 /// sidecar, whose SIGKILL ends gcsfuse at the same moment, and the termination log keeps
 /// drainfs's provisional summary (`stopping`, 75). drainfs kills gcsfuse itself only when
 /// nothing has killed drainfs by then (run by hand, or a sender that is late).

@@ -85,8 +85,9 @@ from gcsfuse import render, sidecar_mount_options  # noqa: E402  (the table; the
 
 log = benchlib.make_log("handoff-stops")
 
-# The sidecar mounter's SIGKILL of its child after its SIGTERM (cmd.WaitDelay), ms: what stock
-# allows an upload in flight when no stock run measured it.
+# The sidecar mounter's SIGKILL of its child after its SIGTERM (forceKillCmd after
+# gracefulKillGracePeriod), ms: what stock allows an upload in flight when no stock run
+# measured it.
 STOCK_KILL_MS = 5000
 
 # The workload: writes the files of a JSON spec [[name, size, seed], ...] into DIR, one after
