@@ -30,11 +30,12 @@ was allowed to run that long), and when drainfs ended gcsfuse (its summary's
 `timings.gcsfuse_exited_ms`, from the drop-in's SIGTERM). An upload in flight is cut shorter
 than stock when it did not complete and the hand-off ended gcsfuse before stock would have
 (its SIGKILL, 5 s after the SIGTERM: the shortest stop measured in this run's stock runs, or
-5,000 ms). A hand-off run without a final summary counts as cut shorter when its upload did not
-complete, although the sidecar mounter's SIGKILL, which leaves no final summary, ends drainfs
-and gcsfuse at stock's moment: since 4b4c922 drainfs leaves a busy gcsfuse to that SIGKILL
-instead of ending it at 4.5 s. Exit status 1 on any silent loss, any shorter cut or any failed
-run, else 0.
+5,000 ms). A hand-off run ended by the sidecar mounter's SIGKILL (it reports its child, drainfs,
+SIGKILLed, and drainfs left no final summary) ended gcsfuse at stock's moment: since 4b4c922
+drainfs leaves a busy gcsfuse to that SIGKILL instead of ending it at 4.5 s; such runs are
+counted apart, with how many of their uploads were cut. Any other hand-off run without a final
+summary counts as cut shorter when its upload did not complete. Exit status 1 on any silent
+loss, any shorter cut or any failed run, else 0.
 
 The real kubelet SIGKILLs the whole sidecar container 2 s after its SIGTERM at the grace
 period's end, which cuts stock and the hand-off alike; by default these runs leave that out,
@@ -285,6 +286,11 @@ def one_run(ctx, n, scenario, arr, rng):
                 # SIGKILLed (the sidecar mounter's SIGKILL at 5 s with gcsfuse still busy, or
                 # --kubelet-kill), or a failure: see the log
                 res["outcome"] = "no summary"
+                # The sidecar mounter reports its child (drainfs) SIGKILLed: its own SIGKILL 5 s
+                # after its SIGTERM, which ends gcsfuse with drainfs at the moment it ends the
+                # stock gcsfuse (unless the kubelet's SIGKILL came first).
+                res["sidecar_sigkill"] = (res["gcsfuse_exit"] == "signal SIGKILL"
+                                          and not res.get("killed_by_kubelet"))
         objs = lowers.objects("gcsfuse", ctx.lowers_dir, prefix=prefix + "/")
         closed = {r["name"]: r for r in recs if r["event"] == "closed" and r.get("closed")}
         closing = {r["name"]: r for r in recs if r["event"] == "closing"}
@@ -370,9 +376,13 @@ def report(ctx, runs, failures):
             if ends:
                 line += f"; drainfs ended gcsfuse p50 {f(pct_nearest(ends, 0.5))} / max {f(max(ends))} ms after its SIGTERM"
         out.append(line)
-    # Cut shorter: not complete, ended by drainfs (not by the kubelet's SIGKILL of the whole
-    # sidecar, which cuts stock at the same time) before stock's end; no summary counts as cut.
+    # Cut shorter: not complete, ended by drainfs before stock's end. Not cut shorter: ended by
+    # the kubelet's SIGKILL of the whole sidecar, or by the sidecar mounter's SIGKILL of drainfs
+    # (gcsfuse dies with it), each of which ends stock gcsfuse at the same moment. Any other run
+    # without a summary counts as cut.
+    by_sidecar = [r for r in hand_in if r.get("sidecar_sigkill")]
     shorter = [r for r in hand_in if not r["inflight"]["complete"] and not r.get("killed_by_kubelet")
+               and not r.get("sidecar_sigkill")
                and (r.get("gcsfuse_exited_ms") is None or r["gcsfuse_exited_ms"] < allow)]
     by_kubelet = {arr: sum(1 for r in rs if r.get("killed_by_kubelet") and not r["inflight"]["complete"])
                   for arr, rs in (("stock", stock_in), ("handoff", hand_in))}
@@ -385,6 +395,9 @@ def report(ctx, runs, failures):
                + (": " + ", ".join(f"run {r['run']} ({r['inflight']['size'] >> 20} MiB, gcsfuse ended at "
                                    f"{r.get('gcsfuse_exited_ms')} ms, {r.get('outcome')})" for r in shorter) if shorter else ""))
     out.append(f"of which the hand-off took gcsfuse for idle (idle window) while the upload was still running: {len(cut_idle)}")
+    out.append(f"hand-off runs whose gcsfuse was still busy at the sidecar mounter's SIGKILL (5 s, as stock's): "
+               f"{len(by_sidecar)}, of which the upload was cut: "
+               f"{sum(1 for r in by_sidecar if not r['inflight']['complete'])}")
     if ctx.kubelet_kill is not None:
         out.append(f"cut by the kubelet's SIGKILL {ctx.kubelet_kill:g} s after the stop (the whole sidecar, as for stock): "
                    f"stock {by_kubelet['stock']}, handoff {by_kubelet['handoff']}")
