@@ -9,8 +9,8 @@
 //! gcsfuse v3.11.2 cannot unmount a `/dev/fd/N` mount, so it would serve on for 30 s) and
 //! reaps it. A gcsfuse still busy is left to the SIGKILL that ends drainfs at the grace
 //! period's end (the sidecar mounter's, 5 s after its SIGTERM), as the stock sidecar leaves
-//! it; drainfs SIGKILLs it itself only at the bound ([`handoff::give_up_at`]), past that. The decisions are pure
-//! ([`crate::handoff`]); this file only reads, signals and waits.
+//! it; drainfs SIGKILLs it itself only at the bound ([`handoff::give_up_at`]), past that.
+//! The decisions are pure ([`crate::handoff`]); this file only reads, signals and waits.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -470,11 +470,24 @@ mod tests {
         let mut buf = [0u8; 64];
         let mut diag = Diag::open().unwrap();
         let ino = inode(&c);
-        let mut state = |what: &str| {
-            let socks = diag.established().unwrap();
-            let s = *socks.iter().find(|s| s.inode == ino).unwrap();
-            eprintln!("{what}: {s:?}");
-            s.awaiting()
+        // Whether the connection reads as `waiting` within 5 s (the first read printed).
+        let mut turns = |what: &str, waiting: bool| {
+            let end = Instant::now() + Duration::from_secs(5);
+            for n in 0.. {
+                let socks = diag.established().unwrap();
+                let s = *socks.iter().find(|s| s.inode == ino).unwrap();
+                if n == 0 || s.awaiting() == waiting {
+                    eprintln!("{what}: {s:?}");
+                }
+                if s.awaiting() == waiting {
+                    return true;
+                }
+                if Instant::now() > end {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            unreachable!()
         };
         // One exchange, then the next request at once, then the server thinks.
         c.write_all(b"GET /1").unwrap();
@@ -485,15 +498,19 @@ mod tests {
         c.write_all(b"PUT /2").unwrap();
         let n = srv.read(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"PUT /2");
-        // Past the server's delayed ACK (40 ms on Linux), which breaks a tie.
-        std::thread::sleep(Duration::from_millis(300));
+        // At the latest once the server's delayed ACK (40 ms on Linux) breaks a tie.
         assert!(
-            state("the server thinks"),
-            "the request waits for its answer"
+            turns("the server thinks", true),
+            "the request never read as waiting for its answer"
         );
         srv.write_all(b"200 two").unwrap();
         c.read_exact(&mut buf[..7]).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(!state("answered"), "an answered request does not wait");
+        assert!(
+            turns("answered", false),
+            "an answered request still reads as waiting"
+        );
+        // And stays so: nothing else arrives on an idle connection.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(turns("answered, later", false));
     }
 }
