@@ -209,7 +209,11 @@ impl StuckReader {
             "the reader is not in read(2)"
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
-        assert!(self.in_read(), "the read returned");
+        assert!(
+            !self.thread.is_finished(),
+            "the read returned (its thread finished)"
+        );
+        assert!(self.in_read(), "the reader left read(2) without returning");
     }
 
     /// The read's result.
