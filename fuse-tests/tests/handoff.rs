@@ -32,7 +32,7 @@ fn dropin() -> Gcsfuse {
 }
 
 /// The drop-in's default idle window.
-const IDLE_WINDOW: Duration = Duration::from_millis(700);
+const IDLE_WINDOW: Duration = Duration::from_secs(2);
 
 /// Asserts that each `(key, object)` whose close returned 0 is complete in the bucket.
 fn assert_in_bucket(server: &Server, closed: &[(&str, &Object)]) {

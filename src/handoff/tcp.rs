@@ -57,8 +57,9 @@ impl TcpSock {
     /// the last send and the last receive share a timestamp step (a tie), the request waits
     /// if an ACK arrived after that data, and no later than [`TIE_ACK_MAX_MS`] after the send
     /// (the server's ACK of the request, not a keep-alive's). A tie whose ACK also falls in
-    /// the same step (an immediate ACK over a round trip shorter than the step) still reads
-    /// as not waiting: the idle window covers it.
+    /// the same step (an immediate ACK: seen on loopback under load, the final request of a
+    /// 96 MiB upload with `lastsnd`, `lastrcv` and `lastack` all 48 ms) still reads as not
+    /// waiting: the idle window covers it, up to its length.
     pub fn awaiting(&self) -> bool {
         let (sent, recv, ack) = (
             self.last_data_sent_ms,
