@@ -1008,9 +1008,20 @@ fn notifications_while_their_request_is_in_flight_never_wedge_the_relay() {
             "the kernel never took the notification for {key}"
         );
     }
-    let status = wait_idle(&s, Duration::from_secs(10));
+    wait_idle(&s, Duration::from_secs(10));
     // One per key (bucketfs notifies on the first READ of the file and the first LOOKUP of
-    // the name), all taken by the kernel.
+    // the name), all taken by the kernel. bucketfs logs `notify_sent` when it has written
+    // the notification to the relay, which counts it once it has passed it to the kernel, a
+    // moment later (under `stress-ng --cpu 2` the status once still said 1): wait for both.
+    let mut status = s.status();
+    let both = wait_until(Duration::from_secs(10), || {
+        status = s.status();
+        status["relay"]["counts"]["notifications"].as_u64() >= Some(2)
+    });
+    assert!(
+        both,
+        "the relay did not count both notifications: {status:#}"
+    );
     let counts = &status["relay"]["counts"];
     assert_eq!(counts["notifications"], 2, "{status:#}");
     assert_eq!(counts["notifications_dropped"], 0, "{status:#}");
