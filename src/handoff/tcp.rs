@@ -11,10 +11,11 @@
 //!
 //! The kernel keeps these times in jiffies (4 ms steps at `HZ=250`), so a request sent in the
 //! same step as the previous answer arrived shows a tie, for as long as the server takes to
-//! answer it. The server's ACK of that request breaks it ([`TcpSock::awaiting`]): delayed
-//! (about 40 ms on Linux) or not, it arrives after the tie, and `tcpi_last_ack_recv` turns
-//! younger than the last data received; a request answered within the step leaves the last
-//! ACK no younger than the answer, which carried it.
+//! answer it. The server's ACK of that request breaks it ([`TcpSock::awaiting`]) when it
+//! arrives in a later step (a delayed ACK, about 40 ms on Linux): `tcpi_last_ack_recv` turns
+//! younger than the last data received, while a request answered within the step leaves the
+//! last ACK no younger than the answer, which carried it. An immediate ACK in the same step
+//! leaves the tie unbroken: that case is the idle window's.
 
 /// `SOCK_DIAG_BY_FAMILY`, the netlink message type of an `inet_diag` request and its replies.
 pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
