@@ -189,13 +189,7 @@ fn handoff_stop_right_after_the_last_close_waits_out_the_window() {
 #[test]
 fn handoff_stop_during_a_large_close_waits_for_the_upload() {
     let server = Server::start(Kind::Gcsfuse);
-    let tl = scratch_dir("/tmp", "drainfs-tl-");
-    sidecar_dir(tl.path());
-    let log = tl.path().join("termination-log");
-    let env = vec![(
-        "DRAINFS_TERMINATION_LOG".to_string(),
-        log.display().to_string(),
-    )];
+    let (_tl, log, env) = termination_log();
     let mut s = CsiSidecar::start(&server, Gcsfuse::DropIn(env), Stop::Native, &[]);
     let mut w = Holder::open(&s.path("large.bin"));
     w.cmd("write 100663296 23").unwrap();
@@ -392,6 +386,19 @@ fn handoff_exit_file_mode() {
     s.assert_nothing_left();
 }
 
+/// A termination log the sidecar (uid 65534) can write, in a scratch directory (kept while
+/// the first value lives), and the drop-in's environment that names it.
+fn termination_log() -> (tempfile::TempDir, std::path::PathBuf, Vec<(String, String)>) {
+    let dir = scratch_dir("/tmp", "drainfs-tl-");
+    sidecar_dir(dir.path());
+    let log = dir.path().join("termination-log");
+    let env = vec![(
+        "DRAINFS_TERMINATION_LOG".to_string(),
+        log.display().to_string(),
+    )];
+    (dir, log, env)
+}
+
 /// A writer that never stops (python3, writing 64 KiB at a time until killed) on `path`.
 fn endless_writer(path: &Path) -> Proc {
     let mut cmd = std::process::Command::new("python3");
@@ -410,13 +417,7 @@ fn endless_writer(path: &Path) -> Proc {
 /// idle one stops clean.
 #[test]
 fn handoff_busy_until_the_sidecar_mounters_sigkill_leaves_75_in_the_shared_termination_log() {
-    let shared = scratch_dir("/tmp", "drainfs-tl-");
-    sidecar_dir(shared.path());
-    let log = shared.path().join("termination-log");
-    let env = vec![(
-        "DRAINFS_TERMINATION_LOG".to_string(),
-        log.display().to_string(),
-    )];
+    let (_shared, log, env) = termination_log();
     let server = Server::start(Kind::Gcsfuse);
     let mut idle = CsiSidecar::start(&server, Gcsfuse::DropIn(env.clone()), Stop::Native, &[]);
     let mut busy = CsiSidecar::start(&server, Gcsfuse::DropIn(env), Stop::Native, &[]);
