@@ -12,6 +12,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -22,15 +23,21 @@ use crate::wait::{wait_for, wait_until};
 pub type Lines = Arc<Mutex<Vec<String>>>;
 
 /// Spawns a thread that appends every line of `r` to `sink`, echoing each to the test's stderr
-/// after `echo` (the test's output then shows what the process said).
-pub fn collect(r: impl Read + Send + 'static, sink: Lines, echo: &'static str) {
+/// after `echo` (the test's output then shows what the process said); it ends at `r`'s end of
+/// file.
+pub fn collect(r: impl Read + Send + 'static, sink: Lines, echo: &'static str) -> JoinHandle<()> {
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
             eprintln!("    {echo} {line}");
             sink.lock().unwrap().push(line);
         }
-    });
+    })
 }
+
+/// How long [`Proc::wait_timeout`] waits, once the process has exited, for its output's
+/// reader threads to reach end of file: the lines it wrote before its exit are then all
+/// collected. A descendant still holding the pipe keeps it open; the wait ends then anyway.
+const READERS_AFTER_EXIT: Duration = Duration::from_secs(3);
 
 /// A running process whose stderr is collected; killed (SIGKILL) and reaped on drop if it
 /// still runs.
@@ -44,6 +51,8 @@ pub struct Proc {
     /// Its stdin, kept open ([`Proc::spawn_piped`] only): closing it is an end-of-input signal
     /// to processes that watch it.
     stdin: Option<ChildStdin>,
+    /// The threads collecting stdout and stderr ([`collect`]).
+    readers: Vec<JoinHandle<()>>,
     exited: Option<ExitStatus>,
     /// Its record in the test's bound ([`crate::bound`]), dropped after the process is reaped.
     _bound: crate::bound::Record,
@@ -60,13 +69,14 @@ impl Proc {
         crate::bound::own_args(cmd.get_args());
         let mut child = cmd.spawn().expect("spawn");
         let stderr = Lines::default();
-        collect(child.stderr.take().expect("piped"), stderr.clone(), "|");
+        let reader = collect(child.stderr.take().expect("piped"), stderr.clone(), "|");
         Proc {
             _bound: crate::bound::process(child.id() as i32, stderr.clone()),
             child,
             stderr,
             stdout: Lines::default(),
             stdin: None,
+            readers: vec![reader],
             exited: None,
         }
     }
@@ -85,14 +95,17 @@ impl Proc {
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
         let (stdout, stderr) = (Lines::default(), Lines::default());
-        collect(child.stdout.take().expect("piped"), stdout.clone(), label);
-        collect(child.stderr.take().expect("piped"), stderr.clone(), "|");
+        let readers = vec![
+            collect(child.stdout.take().expect("piped"), stdout.clone(), label),
+            collect(child.stderr.take().expect("piped"), stderr.clone(), "|"),
+        ];
         Proc {
             _bound: crate::bound::process(child.id() as i32, stderr.clone()),
             stdin: child.stdin.take(),
             child,
             stderr,
             stdout,
+            readers,
             exited: None,
         }
     }
@@ -112,7 +125,9 @@ impl Proc {
         self.wait_timeout(Duration::ZERO).is_some()
     }
 
-    /// Waits up to `timeout` for the exit status (polling every 5 ms).
+    /// Waits up to `timeout` for the exit status (polling every 5 ms). Once it has exited,
+    /// its output is all collected (stdout and stderr at end of file) before this returns,
+    /// unless a descendant keeps a pipe open for [`READERS_AFTER_EXIT`].
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if let Some(s) = self.exited {
             return Some(s);
@@ -121,6 +136,9 @@ impl Proc {
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 self.exited = Some(s);
+                wait_until(READERS_AFTER_EXIT, || {
+                    self.readers.iter().all(JoinHandle::is_finished)
+                });
                 return Some(s);
             }
             if Instant::now() >= deadline {
@@ -320,4 +338,24 @@ pub fn cmdline(pid: i32) -> Vec<String> {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process that writes its last line and exits at once: once `wait_timeout` has its
+    /// status, that line is collected (the reader thread, which echoes each of 100,000 lines
+    /// first, lags behind the exit; the suite read the lines too early under load once).
+    #[test]
+    fn the_lines_written_before_the_exit_are_all_collected_at_the_exit() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "seq 1 100000 >&2; echo last >&2; exit 3"]);
+        let mut p = Proc::spawn(cmd);
+        let st = p.wait_timeout(Duration::from_secs(30)).expect("exits");
+        assert_eq!(st.code(), Some(3));
+        let lines = p.stderr.lock().unwrap().clone();
+        assert_eq!(lines.len(), 100_001);
+        assert_eq!(lines.last().map(String::as_str), Some("last"));
+    }
 }
