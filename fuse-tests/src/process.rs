@@ -127,7 +127,7 @@ impl Proc {
 
     /// Waits up to `timeout` for the exit status (polling every 5 ms). Once it has exited,
     /// its output is all collected (stdout and stderr at end of file) before this returns,
-    /// unless a descendant keeps a pipe open for [`READERS_AFTER_EXIT`].
+    /// unless a descendant keeps a pipe open for `READERS_AFTER_EXIT` (3 s).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if let Some(s) = self.exited {
             return Some(s);
