@@ -11,6 +11,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,18 +35,19 @@ pub fn collect(r: impl Read + Send + 'static, sink: Lines, echo: &'static str) -
     })
 }
 
-/// How long [`Proc::wait_timeout`] waits, once the process has exited, for its output's
-/// reader threads to reach end of file: the lines it wrote before its exit are then all
-/// collected. A descendant still holding the pipe keeps it open; the wait ends then anyway.
-const READERS_AFTER_EXIT: Duration = Duration::from_secs(3);
+/// How long the first read of a process's output after its exit ([`Proc::stderr_lines`] and
+/// the other accessors) waits for its reader threads to reach end of file: the lines it wrote
+/// before its exit are then all collected. A descendant still holding the pipe keeps it open;
+/// the wait ends then anyway.
+const READERS_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// A running process whose stderr is collected; killed (SIGKILL) and reaped on drop if it
 /// still runs.
 pub struct Proc {
     /// The child.
     pub child: Child,
-    /// Its stderr lines so far.
-    pub stderr: Lines,
+    /// Its stderr lines so far ([`Proc::stderr_lines`]).
+    stderr: Lines,
     /// Its stdout lines so far ([`Proc::spawn_piped`] only; empty otherwise).
     stdout: Lines,
     /// Its stdin, kept open ([`Proc::spawn_piped`] only): closing it is an end-of-input signal
@@ -53,6 +55,8 @@ pub struct Proc {
     stdin: Option<ChildStdin>,
     /// The threads collecting stdout and stderr ([`collect`]).
     readers: Vec<JoinHandle<()>>,
+    /// Whether the output was read to its end (or `READERS_AFTER_EXIT` passed) after the exit.
+    settled: AtomicBool,
     exited: Option<ExitStatus>,
     /// Its record in the test's bound ([`crate::bound`]), dropped after the process is reaped.
     _bound: crate::bound::Record,
@@ -77,6 +81,7 @@ impl Proc {
             stdout: Lines::default(),
             stdin: None,
             readers: vec![reader],
+            settled: AtomicBool::new(false),
             exited: None,
         }
     }
@@ -106,6 +111,7 @@ impl Proc {
             stderr,
             stdout,
             readers,
+            settled: AtomicBool::new(false),
             exited: None,
         }
     }
@@ -125,9 +131,7 @@ impl Proc {
         self.wait_timeout(Duration::ZERO).is_some()
     }
 
-    /// Waits up to `timeout` for the exit status (polling every 5 ms). Once it has exited,
-    /// its output is all collected (stdout and stderr at end of file) before this returns,
-    /// unless a descendant keeps a pipe open for `READERS_AFTER_EXIT` (3 s).
+    /// Waits up to `timeout` for the exit status (polling every 5 ms).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if let Some(s) = self.exited {
             return Some(s);
@@ -136,9 +140,6 @@ impl Proc {
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 self.exited = Some(s);
-                wait_until(READERS_AFTER_EXIT, || {
-                    self.readers.iter().all(JoinHandle::is_finished)
-                });
                 return Some(s);
             }
             if Instant::now() >= deadline {
@@ -208,8 +209,20 @@ impl Proc {
         wait_for(Duration::from_secs(5), || first_child(self.pid())).expect("a child process")
     }
 
+    /// Once the process was seen to exit ([`Proc::wait_timeout`]), waits the first time (up to
+    /// `READERS_AFTER_EXIT`, 2 s, while a descendant holds a pipe) for its output to be read to
+    /// its end, so that what it wrote before its exit is all there.
+    fn settle(&self) {
+        if self.exited.is_some() && !self.settled.swap(true, Ordering::SeqCst) {
+            wait_until(READERS_AFTER_EXIT, || {
+                self.readers.iter().all(JoinHandle::is_finished)
+            });
+        }
+    }
+
     /// Whether stdout ([`Proc::spawn_piped`]) has a line equal to `line`.
     pub fn stdout_has(&self, line: &str) -> bool {
+        self.settle();
         self.stdout.lock().unwrap().iter().any(|l| l == line)
     }
 
@@ -222,11 +235,13 @@ impl Proc {
 
     /// Stdout's lines so far ([`Proc::spawn_piped`]).
     pub fn stdout_lines(&self) -> Vec<String> {
+        self.settle();
         self.stdout.lock().unwrap().clone()
     }
 
     /// Whether stderr has a line containing `needle`.
     pub fn stderr_contains(&self, needle: &str) -> bool {
+        self.settle();
         self.stderr
             .lock()
             .unwrap()
@@ -236,7 +251,13 @@ impl Proc {
 
     /// All stderr so far.
     pub fn stderr_text(&self) -> String {
-        self.stderr.lock().unwrap().join("\n")
+        self.stderr_lines().join("\n")
+    }
+
+    /// Stderr's lines so far; after the exit, all of them (see `settle`).
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.settle();
+        self.stderr.lock().unwrap().clone()
     }
 }
 
@@ -345,17 +366,17 @@ mod tests {
     use super::*;
 
     /// A process that writes its last line and exits at once: once `wait_timeout` has its
-    /// status, that line is collected (the reader thread, which echoes each of 100,000 lines
+    /// status, `stderr_lines` has that line (the reader thread, which echoes each of 20,000 lines
     /// first, lags behind the exit; the suite read the lines too early under load once).
     #[test]
     fn the_lines_written_before_the_exit_are_all_collected_at_the_exit() {
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", "seq 1 100000 >&2; echo last >&2; exit 3"]);
+        cmd.args(["-c", "seq 1 20000 >&2; echo last >&2; exit 3"]);
         let mut p = Proc::spawn(cmd);
         let st = p.wait_timeout(Duration::from_secs(30)).expect("exits");
         assert_eq!(st.code(), Some(3));
-        let lines = p.stderr.lock().unwrap().clone();
-        assert_eq!(lines.len(), 100_001);
+        let lines = p.stderr_lines();
+        assert_eq!(lines.len(), 20_001);
         assert_eq!(lines.last().map(String::as_str), Some("last"));
     }
 }

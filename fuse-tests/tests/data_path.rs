@@ -345,16 +345,13 @@ fn a_lazy_unmount_still_lets_the_lower_stop_cleanly(mode: &str) {
 /// drainfs's JSON log lines at ERROR severity.
 fn error_lines(m: &Mounted) -> Vec<String> {
     m.proc
-        .stderr
-        .lock()
-        .unwrap()
-        .iter()
+        .stderr_lines()
+        .into_iter()
         .filter(|l| {
             serde_json::from_str::<serde_json::Value>(l)
                 .ok()
                 .is_some_and(|v| v["severity"] == "ERROR")
         })
-        .cloned()
         .collect()
 }
 
@@ -441,7 +438,7 @@ fn an_interrupted_close_logs_no_error(mode: &str) {
     assert_eq!(fs::read(s.bucket.join("slow")).unwrap(), b"data");
     s.touch_exit_file();
     assert_eq!(s.wait_exit(Duration::from_secs(30)), 0);
-    let lines = s.m.proc.stderr.lock().unwrap().len();
+    let lines = s.m.proc.stderr_lines().len();
     assert!(lines > 3, "JSON log lines were captured");
     let errors = error_lines(&s.m);
     assert!(

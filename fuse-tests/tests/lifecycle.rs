@@ -401,7 +401,7 @@ fn lower_exiting_before_ready_reports_its_stderr() {
     let st = m.proc.wait_timeout(Duration::from_secs(10)).expect("exits");
     assert_eq!(st.code(), Some(69));
     // The lower's own stderr is in the `stderr_tail` field of an ERROR line.
-    let lines = m.proc.stderr.lock().unwrap().clone();
+    let lines = m.proc.stderr_lines();
     assert!(
         lines.iter().any(|l| {
             serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {

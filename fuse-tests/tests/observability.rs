@@ -447,7 +447,7 @@ fn json_logs_are_one_object_per_line() {
     });
     std::fs::write(m.path("a"), b"a").unwrap();
     assert_eq!(m.stop(Duration::from_secs(20)).code(), Some(0));
-    let lines = m.proc.stderr.lock().unwrap().clone();
+    let lines = m.proc.stderr_lines();
     assert!(lines.len() >= 5);
     let mut transitions = 0;
     for line in &lines {

@@ -372,7 +372,9 @@ fn a_daemon_that_never_answers_init_fails_the_mount_and_exits_69() {
     let t = Instant::now();
     let st = m.wait_exit(Duration::from_secs(5));
     assert_eq!(st.code(), Some(69), "{}", m.drainfs.stderr_text());
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Well before INIT's default 30 s wait: the 300 ms timeout acted (0.3-0.8 s measured, idle
+    // and under load).
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     let s = m.summary();
     assert_eq!(s["outcome"], "lower_failed");
     assert_eq!(s["lower_exit"], "signal SIGKILL", "{s:#}");
