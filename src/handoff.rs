@@ -16,7 +16,8 @@
 //! What the counters cannot tell: an upload whose HTTP request is waiting for the server's
 //! answer (no byte moves). [`tcp`] tells it from gcsfuse's TCP connections (one that sent data
 //! after the last data it received waits for an answer), where the kernel lets drainfs see
-//! them; without that, such a pause longer than the idle window looks idle.
+//! them; without that, such a pause longer than the idle window looks idle, and the executor
+//! widens the window to at least [`tcp::TIE_PROTECT_MS`].
 
 pub mod tcp;
 
@@ -134,13 +135,19 @@ impl IdleWatch {
         self.window
     }
 
+    /// Widens the window to at least `floor` (when gcsfuse's TCP connections cannot be seen,
+    /// the window alone must cover a request waiting for its answer).
+    pub fn widen_to(&mut self, floor: Duration) {
+        self.window = self.window.max(floor);
+    }
+
     /// Records a sample read at `now` (`None`: `/proc/PID/io` could not be read).
     pub fn sample(&mut self, now: Instant, s: Option<IoSample>) {
         self.sample_with(now, s, false);
     }
 
     /// [`IdleWatch::sample`], and whether one of gcsfuse's connections waits for an answer
-    /// then (`awaiting`, [`tcp::awaiting_answer`]): a request in flight is activity, although
+    /// then (`awaiting`, [`tcp::Judge::waiting`]): a request in flight is activity, although
     /// no counter moves while the server thinks.
     pub fn sample_with(&mut self, now: Instant, s: Option<IoSample>, awaiting: bool) {
         if s.is_none() {

@@ -966,10 +966,11 @@ def tail_table(ctx, raw):
                 verdicts.append(f"handoff tail, {stop} ({'the SIGTERM to the sidecar mounter' if stop == 'native' else 'the drop-in SIGTERM'}"
                                 f" -> sidecar exit, {len(rs)} runs): {goal}")
                 if stop == "native" and goal != "met" and not ctx.p["tail_stop_delay"]:
-                    verdicts.append("(the hand-off ends gcsfuse once its I/O counters stood still for the idle window, 2 s "
-                                    "by default, counting stillness before the stop: a stop right after the last close() "
-                                    "waits out the rest of the window; --tail-stop-delay 2.5 measures a stop with gcsfuse "
-                                    "idle; see docs/deploy-gke-managed.md)")
+                    verdicts.append("(the hand-off ends gcsfuse once its I/O counters stood still for the idle window, "
+                                    "500 ms by default, counting stillness before the stop, and 2 s after an exchange "
+                                    "the kernel's timestamps cannot order: a stop right after the last close() waits out "
+                                    "the rest; --tail-stop-delay 2.5 measures a stop with gcsfuse idle; see "
+                                    "docs/deploy-gke-managed.md)")
             rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct_nearest(ms, 0.5):.0f}",
                          f"{pct_nearest(ms, 0.95):.0f}", f"{max(ms):.0f}",
                          f"{pct_nearest(ss, 0.5):.0f} / {pct_nearest(ss, 0.95):.0f}" if ss else "-",

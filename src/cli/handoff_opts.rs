@@ -17,12 +17,11 @@ pub struct HandoffArgs {
     /// How long gcsfuse's I/O counters (`/proc/PID/io`: bytes and calls, its FUSE requests
     /// and its HTTP connections alike) must stand still, with none of its TCP connections
     /// waiting for an answer, before gcsfuse counts as idle and is ended after a stop.
-    /// Stillness before the stop counts; a stop takes up to this long after the last I/O. It
-    /// covers what the connections cannot show: a request sent, and acknowledged, in the same
-    /// 4 ms timestamp step as the previous answer arrived reads as not waiting while the
-    /// server commits the object (seen under `stress-ng --cpu 2`: a 96 MiB commit that took
-    /// longer than a 700 ms window was cut in 5 of 13 runs). Accepts `2s`, `1500ms`.
-    #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "2s", help_heading = HEADING_SHUTDOWN)]
+    /// Stillness before the stop counts; a stop takes up to this long after the last I/O. A
+    /// connection whose last send, receive and ACK share one 4 ms timestamp step counts as
+    /// waiting for 2 s (which came first cannot be told), and without sight of the
+    /// connections (no `sock_diag`) the window is at least 2 s. Accepts `2s`, `500ms`.
+    #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "500ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 
     /// How often gcsfuse's counters are read (while serving too, so that stillness before a

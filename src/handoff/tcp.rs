@@ -6,8 +6,8 @@
 //! commit at the end of a `close()`), nothing moves in gcsfuse's I/O counters, but its
 //! connection has sent data more recently than it received any: `tcpi_last_data_sent` (ms
 //! since) is smaller than `tcpi_last_data_recv`. An idle keep-alive connection has received the
-//! last response after its request. [`awaiting_answer`] says whether any of gcsfuse's
-//! established connections (by socket inode, from `/proc/PID/fd`) is in the first state.
+//! last response after its request. [`Judge::waiting`] says which of gcsfuse's
+//! established connections (by socket inode, from `/proc/PID/fd`) are in the first state.
 //!
 //! The kernel keeps these times in jiffies (4 ms steps at `HZ=250`), so a request sent in the
 //! same step as the previous answer arrived shows a tie, for as long as the server takes to
@@ -15,7 +15,16 @@
 //! arrives in a later step (a delayed ACK, about 40 ms on Linux): `tcpi_last_ack_recv` turns
 //! younger than the last data received, while a request answered within the step leaves the
 //! last ACK no younger than the answer, which carried it. An immediate ACK in the same step
-//! leaves the tie unbroken: that case is the idle window's.
+//! leaves the tie unbroken (seen on loopback under load: the final request of a 96 MiB upload
+//! with `lastsnd`, `lastrcv` and `lastack` all 48 ms, then a commit of about a second). Nothing
+//! in `tcp_info` orders a send and a receive of the same step; [`Judge`] tells the two from
+//! the socket's previous sample: a tie is one exchange answered within the step only when the
+//! socket was idle at that sample and has sent exactly one data segment since (the request)
+//! and received data (the answer). Any other tie counts as waiting until it is
+//! [`TIE_PROTECT_MS`] old less the idle window: gcsfuse is then ended no sooner than 2 s
+//! after it.
+
+use std::collections::HashMap;
 
 /// `SOCK_DIAG_BY_FAMILY`, the netlink message type of an `inet_diag` request and its replies.
 pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -32,6 +41,9 @@ const NLMSG_ERROR: u16 = 2;
 const LAST_DATA_SENT: usize = 44;
 const LAST_DATA_RECV: usize = 52;
 const LAST_ACK_RECV: usize = 56;
+/// `tcpi_data_segs_in` and `tcpi_data_segs_out` (Linux 4.6+), after the 64-bit counters.
+const DATA_SEGS_IN: usize = 152;
+const DATA_SEGS_OUT: usize = 156;
 
 /// How long after a tie's last send an ACK may arrive and still count as the server's ACK of
 /// that request (ms). Delayed ACKs come within 500 ms (RFC 1122; Linux at most 200 ms); a
@@ -39,6 +51,21 @@ const LAST_ACK_RECV: usize = 56;
 /// than 15 s after the last data (Go's default keep-alive idle time, gcsfuse's and its
 /// server's), and must not make a tie look like a request waiting.
 pub const TIE_ACK_MAX_MS: u32 = 5_000;
+
+/// How long after an unbroken tie (the last send, the last receive and the last ACK in one
+/// step) gcsfuse is not ended (ms): the tie may be an exchange answered within the step (idle)
+/// or a request whose immediate ACK came in the step (waiting), and the hand-off takes it for
+/// the second that long. 2 s is what the kubelet gives a native sidecar after the grace period
+/// ran out, the case where an upload can still be in flight at a stop: the stock sidecar's
+/// gcsfuse serves that long. The tie counts as waiting for this less the idle window (the
+/// window then runs from the end of the hold), [`tie_hold_ms`].
+pub const TIE_PROTECT_MS: u32 = 2_000;
+
+/// How long an unbroken tie counts as a request waiting for its answer with an idle window of
+/// `window_ms`: [`TIE_PROTECT_MS`] less the window, zero for a window of 2 s or more.
+pub fn tie_hold_ms(window_ms: u64) -> u32 {
+    u64::from(TIE_PROTECT_MS).saturating_sub(window_ms) as u32
+}
 
 /// One established TCP socket of the dump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,23 +78,72 @@ pub struct TcpSock {
     pub last_data_recv_ms: u32,
     /// Milliseconds since it last received an ACK (with data or without).
     pub last_ack_recv_ms: u32,
+    /// Data segments received and sent so far (`tcpi_data_segs_in`, `tcpi_data_segs_out`;
+    /// `None` from a kernel older than 4.6).
+    pub data_segs: Option<(u32, u32)>,
+}
+
+/// What a socket's previous sample showed: its verdict and its data segment counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// Whether it waited for an answer.
+    pub awaiting: bool,
+    /// Its [`TcpSock::data_segs`].
+    pub data_segs: Option<(u32, u32)>,
 }
 
 impl TcpSock {
     /// It sent data after the last data it received: a request waits for its answer. When
     /// the last send and the last receive share a timestamp step (a tie), the request waits
     /// if an ACK arrived after that data, and no later than [`TIE_ACK_MAX_MS`] after the send
-    /// (the server's ACK of the request, not a keep-alive's). A tie whose ACK also falls in
-    /// the same step (an immediate ACK: seen on loopback under load, the final request of a
-    /// 96 MiB upload with `lastsnd`, `lastrcv` and `lastack` all 48 ms) still reads as not
-    /// waiting: the idle window covers it, up to its length.
-    pub fn awaiting(&self) -> bool {
+    /// (the server's ACK of the request, not a keep-alive's). A tie the ACK does not break
+    /// (it fell in the same step, or before) waits while it is younger than `tie_hold_ms`
+    /// ([`tie_hold_ms`]), unless `prev`, the socket's previous sample, shows it to be one
+    /// exchange answered within the step: idle at `prev`, exactly one data segment sent since
+    /// and at least one received (`None`: measured from the socket's start); with no data
+    /// moved since `prev`, the verdict stays `prev`'s.
+    pub fn awaiting(&self, prev: Option<Seen>, tie_hold_ms: u32) -> bool {
         let (sent, recv, ack) = (
             self.last_data_sent_ms,
             self.last_data_recv_ms,
             self.last_ack_recv_ms,
         );
-        sent < recv || (sent == recv && ack < recv && sent - ack <= TIE_ACK_MAX_MS)
+        if sent != recv {
+            return sent < recv;
+        }
+        if ack < recv && sent - ack <= TIE_ACK_MAX_MS {
+            return true;
+        }
+        if sent >= tie_hold_ms {
+            return false;
+        }
+        match prev {
+            Some(p) if p.data_segs.is_some() && p.data_segs == self.data_segs => p.awaiting,
+            _ => !self.one_exchange_since(prev),
+        }
+    }
+
+    /// Whether, since `prev`, the socket went from idle through exactly one request and its
+    /// answer: idle then (not waiting), one data segment sent since and at least one received.
+    /// An HTTP/1.1 connection receives data only in answer to a request, so the segment sent
+    /// came before the data received, and no second request went out after it. A socket not
+    /// seen before is measured from its start (idle, no segment), which only a new
+    /// connection's first exchange fits.
+    fn one_exchange_since(&self, prev: Option<Seen>) -> bool {
+        let start = Seen {
+            awaiting: false,
+            data_segs: Some((0, 0)),
+        };
+        match (prev.or(Some(start)), self.data_segs) {
+            (
+                Some(Seen {
+                    awaiting: false,
+                    data_segs: Some((in0, out0)),
+                }),
+                Some((in1, out1)),
+            ) => out1.wrapping_sub(out0) == 1 && in1.wrapping_sub(in0) >= 1,
+            _ => false,
+        }
     }
 }
 
@@ -151,6 +227,7 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
                 last_data_sent_ms: u32_at(info, LAST_DATA_SENT)?,
                 last_data_recv_ms: u32_at(info, LAST_DATA_RECV)?,
                 last_ack_recv_ms: u32_at(info, LAST_ACK_RECV)?,
+                data_segs: u32_at(info, DATA_SEGS_IN).zip(u32_at(info, DATA_SEGS_OUT)),
             });
         }
         off += (len + 3) & !3;
@@ -158,11 +235,36 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
     None
 }
 
-/// Whether any socket of `socks` whose inode is in `owned` (gcsfuse's) waits for an answer.
-pub fn awaiting_answer(socks: &[TcpSock], owned: &[u32]) -> bool {
-    socks
-        .iter()
-        .any(|s| owned.contains(&s.inode) && s.awaiting())
+/// Judges gcsfuse's sockets sample by sample, each against its own previous sample
+/// ([`TcpSock::awaiting`]).
+#[derive(Debug, Default)]
+pub struct Judge {
+    seen: HashMap<u32, Seen>,
+}
+
+impl Judge {
+    /// The sockets of `socks` whose inode is in `owned` (gcsfuse's) that wait for an answer
+    /// (unbroken ties held `tie_hold_ms`); each verdict is kept for the next sample, and
+    /// sockets no longer in the dump are forgotten.
+    pub fn waiting(&mut self, socks: &[TcpSock], owned: &[u32], tie_hold_ms: u32) -> Vec<TcpSock> {
+        let mut seen = HashMap::with_capacity(owned.len());
+        let mut waiting = Vec::new();
+        for s in socks.iter().filter(|s| owned.contains(&s.inode)) {
+            let awaiting = s.awaiting(self.seen.get(&s.inode).copied(), tie_hold_ms);
+            seen.insert(
+                s.inode,
+                Seen {
+                    awaiting,
+                    data_segs: s.data_segs,
+                },
+            );
+            if awaiting {
+                waiting.push(*s);
+            }
+        }
+        self.seen = seen;
+        waiting
+    }
 }
 
 /// The socket inodes among the targets of `/proc/PID/fd/*` (`socket:[INODE]`).
@@ -192,19 +294,29 @@ mod tests {
 
     /// An `inet_diag_msg` for an established socket with its `INET_DIAG_INFO`.
     fn diag(inode: u32, state: u8, sent: u32, recv: u32) -> Vec<u8> {
-        diag_ack(inode, state, sent, recv, recv)
+        diag_full(inode, state, (sent, recv, recv), None)
     }
 
-    /// [`diag`] with the last ACK received `ack` ms ago.
-    fn diag_ack(inode: u32, state: u8, sent: u32, recv: u32, ack: u32) -> Vec<u8> {
+    /// [`diag`] with the last ACK received `ack` ms ago and, when `segs` is given, a
+    /// `tcp_info` long enough to hold the data segment counts (Linux 4.6+) holding them.
+    fn diag_full(
+        inode: u32,
+        state: u8,
+        (sent, recv, ack): (u32, u32, u32),
+        segs: Option<(u32, u32)>,
+    ) -> Vec<u8> {
         let mut m = vec![0u8; 72];
         m[0] = 2;
         m[1] = state;
         m[68..72].copy_from_slice(&inode.to_ne_bytes());
-        let mut info = vec![0u8; 104];
+        let mut info = vec![0u8; if segs.is_some() { 248 } else { 104 }];
         info[LAST_DATA_SENT..LAST_DATA_SENT + 4].copy_from_slice(&sent.to_ne_bytes());
         info[LAST_DATA_RECV..LAST_DATA_RECV + 4].copy_from_slice(&recv.to_ne_bytes());
         info[LAST_ACK_RECV..LAST_ACK_RECV + 4].copy_from_slice(&ack.to_ne_bytes());
+        if let Some((i, o)) = segs {
+            info[DATA_SEGS_IN..DATA_SEGS_IN + 4].copy_from_slice(&i.to_ne_bytes());
+            info[DATA_SEGS_OUT..DATA_SEGS_OUT + 4].copy_from_slice(&o.to_ne_bytes());
+        }
         // Another attribute first (INET_DIAG_MEMINFO-like), then the info.
         m.extend_from_slice(&8u16.to_ne_bytes());
         m.extend_from_slice(&1u16.to_ne_bytes());
@@ -215,20 +327,35 @@ mod tests {
         m
     }
 
+    fn sock(sent: u32, recv: u32, ack: u32, segs: Option<(u32, u32)>) -> TcpSock {
+        TcpSock {
+            inode: 1,
+            last_data_sent_ms: sent,
+            last_data_recv_ms: recv,
+            last_ack_recv_ms: ack,
+            data_segs: segs,
+        }
+    }
+
     #[test]
     fn parses_a_dump_and_tells_a_request_waiting_for_its_answer() {
         let mut buf = nlmsg(SOCK_DIAG_BY_FAMILY, &diag(11, TCP_ESTABLISHED, 5, 900));
         buf.extend(nlmsg(
             SOCK_DIAG_BY_FAMILY,
-            &diag(12, TCP_ESTABLISHED, 40_000, 39_990),
+            &diag_full(12, TCP_ESTABLISHED, (40_000, 39_990, 39_990), Some((7, 9))),
         ));
         buf.extend(nlmsg(SOCK_DIAG_BY_FAMILY, &diag(13, 8, 1, 2)));
         let (socks, done) = parse_dump(&buf).unwrap();
         assert!(!done);
         assert_eq!(socks.len(), 2, "{socks:?}");
-        assert!(socks[0].awaiting() && !socks[1].awaiting());
-        assert!(awaiting_answer(&socks, &[11]));
-        assert!(!awaiting_answer(&socks, &[12, 13]));
+        assert_eq!(
+            (socks[0].data_segs, socks[1].data_segs),
+            (None, Some((7, 9)))
+        );
+        assert!(socks[0].awaiting(None, 0) && !socks[1].awaiting(None, 0));
+        let mut judge = Judge::default();
+        assert_eq!(judge.waiting(&socks, &[11], 0), [socks[0]]);
+        assert!(judge.waiting(&socks, &[12, 13], 1_500).is_empty());
         let mut end = nlmsg(SOCK_DIAG_BY_FAMILY, &diag(14, TCP_ESTABLISHED, 1, 1));
         end.extend(nlmsg(NLMSG_DONE, &[0; 4]));
         assert!(parse_dump(&end).unwrap().1);
@@ -243,35 +370,142 @@ mod tests {
     /// lastack:160` when it had answered within the step.
     #[test]
     fn a_tie_is_a_request_waiting_once_its_ack_came_after_it() {
-        let sock = |sent, recv, ack| TcpSock {
-            inode: 1,
-            last_data_sent_ms: sent,
-            last_data_recv_ms: recv,
-            last_ack_recv_ms: ack,
-        };
-        assert!(sock(160, 160, 116).awaiting(), "the server's delayed ACK");
-        assert!(!sock(160, 160, 160).awaiting(), "answered within the step");
+        let hold = tie_hold_ms(500);
+        assert_eq!(hold, 1_500);
+        assert_eq!((tie_hold_ms(2_000), tie_hold_ms(3_000)), (0, 0));
+        let s = |sent, recv, ack| sock(sent, recv, ack, None);
         assert!(
-            !sock(160, 160, 200).awaiting(),
-            "the answer's ACK came earlier"
+            s(160, 160, 116).awaiting(None, 0),
+            "the server's delayed ACK"
         );
         assert!(
-            sock(5_200, 5_200, 200).awaiting(),
+            s(48, 48, 48).awaiting(None, hold),
+            "an unbroken tie with no history or counts, younger than the hold"
+        );
+        assert!(
+            !s(48, 48, 48).awaiting(None, 0),
+            "an unbroken tie, no hold (a window of 2 s)"
+        );
+        assert!(
+            s(1_499, 1_499, 1_499).awaiting(None, hold)
+                && !s(1_500, 1_500, 1_500).awaiting(None, hold),
+            "an unbroken tie, held {hold} ms"
+        );
+        assert!(
+            !s(2_160, 2_160, 2_200).awaiting(None, hold),
+            "the answer's ACK came earlier, the hold over"
+        );
+        assert!(
+            s(5_200, 5_200, 200).awaiting(None, 0),
             "an ACK 5 s after the send"
         );
         assert!(
-            !sock(20_000, 20_000, 5_000).awaiting(),
+            !s(20_000, 20_000, 5_000).awaiting(None, hold),
             "a keep-alive probe's ACK, 15 s after the tie"
         );
-        assert!(sock(3, 900, 900).awaiting() && !sock(900, 3, 3).awaiting());
+        assert!(s(3, 900, 900).awaiting(None, 0) && !s(900, 3, 3).awaiting(None, hold));
         let buf = nlmsg(
             SOCK_DIAG_BY_FAMILY,
-            &diag_ack(7, TCP_ESTABLISHED, 160, 160, 116),
+            &diag_full(7, TCP_ESTABLISHED, (160, 160, 116), None),
         );
         let (socks, _) = parse_dump(&buf).unwrap();
         assert_eq!(
             socks,
-            [sock(160, 160, 116)].map(|s| TcpSock { inode: 7, ..s })
+            [TcpSock {
+                inode: 7,
+                ..s(160, 160, 116)
+            }]
+        );
+    }
+
+    /// A young unbroken tie, judged from the socket's previous sample (`Judge`).
+    #[test]
+    fn a_tie_is_one_exchange_only_from_idle_with_one_segment_sent() {
+        let hold = tie_hold_ms(500);
+        let idle = |segs| {
+            Some(Seen {
+                awaiting: false,
+                data_segs: Some(segs),
+            })
+        };
+        let tie = |segs| sock(8, 8, 8, Some(segs));
+        // Idle, then one request segment and its answer in one step: idle.
+        assert!(!tie((11, 21)).awaiting(idle((10, 20)), hold));
+        // An answer of several segments is still one exchange.
+        assert!(!tie((14, 21)).awaiting(idle((10, 20)), hold));
+        // Two segments sent since: a second request may have followed the answer.
+        assert!(tie((12, 22)).awaiting(idle((10, 20)), hold));
+        // Waiting at the previous sample: the answer came and the next request went out.
+        let waiting = Some(Seen {
+            awaiting: true,
+            data_segs: Some((10, 20)),
+        });
+        assert!(tie((11, 21)).awaiting(waiting, hold));
+        // Nothing received since: not an answer.
+        assert!(tie((10, 21)).awaiting(idle((10, 20)), hold));
+        // No history: measured from the socket's start, where only a new connection's first
+        // exchange is one exchange; no counts (a kernel before 4.6): held.
+        assert!(tie((11, 21)).awaiting(None, hold));
+        assert!(!tie((1, 1)).awaiting(None, hold));
+        assert!(!tie((3, 1)).awaiting(None, hold));
+        assert!(tie((1, 2)).awaiting(None, hold));
+        assert!(sock(8, 8, 8, None).awaiting(
+            Some(Seen {
+                awaiting: false,
+                data_segs: None
+            }),
+            hold
+        ));
+        // Counters wrap.
+        assert!(!tie((0, 0)).awaiting(idle((u32::MAX, u32::MAX)), hold));
+        // The hold still ends a tie judged waiting.
+        assert!(!sock(1_500, 1_500, 1_500, Some((11, 21))).awaiting(waiting, hold));
+
+        // Sample by sample: the verdict of a tie stays while no data moves.
+        let mut judge = Judge::default();
+        let at = |sent, recv, segs| {
+            [TcpSock {
+                inode: 9,
+                ..sock(sent, recv, sent.min(recv), Some(segs))
+            }]
+        };
+        assert!(
+            judge
+                .waiting(&at(1_600, 1_600, (10, 20)), &[9], hold)
+                .is_empty(),
+            "an old tie"
+        );
+        assert!(
+            !judge.waiting(&at(2, 400, (10, 21)), &[9], hold).is_empty(),
+            "a request"
+        );
+        assert!(
+            !judge.waiting(&at(40, 40, (11, 21)), &[9], hold).is_empty(),
+            "answer and next request"
+        );
+        assert!(
+            !judge.waiting(&at(90, 90, (11, 21)), &[9], hold).is_empty(),
+            "still the same tie"
+        );
+        assert!(
+            judge.waiting(&at(140, 20, (12, 21)), &[9], hold).is_empty(),
+            "answered"
+        );
+        assert!(
+            judge.waiting(&at(4, 4, (13, 22)), &[9], hold).is_empty(),
+            "one exchange in a step"
+        );
+        assert!(
+            judge.waiting(&at(54, 54, (13, 22)), &[9], hold).is_empty(),
+            "the same tie, idle"
+        );
+        assert!(
+            judge.waiting(&at(4, 4, (13, 22)), &[8], hold).is_empty(),
+            "not gcsfuse's"
+        );
+        assert!(
+            !judge.waiting(&at(4, 4, (14, 23)), &[9], hold).is_empty(),
+            "forgotten: no history"
         );
     }
 

@@ -29,6 +29,10 @@ use crate::handoff::{self, IdleWatch, IoSample, Stop, StopStep};
 use crate::summary::{HandoffFacts, HandoffSummary, LogEntry};
 use crate::{procs, summary};
 
+/// The least idle window while gcsfuse's TCP connections cannot be seen
+/// ([`handoff::tcp::TIE_PROTECT_MS`]).
+const TIE_PROTECT: Duration = Duration::from_millis(handoff::tcp::TIE_PROTECT_MS as u64);
+
 /// gcsfuse as handed the connection: its pid and what is known of its I/O.
 pub(super) struct HandoffPath {
     pid: i32,
@@ -40,6 +44,8 @@ pub(super) struct HandoffPath {
     diag: Option<Diag>,
     /// Why the connections could not be seen, once they could not.
     diag_failed: Option<String>,
+    /// The verdicts of gcsfuse's connections at the previous sample.
+    judge: handoff::tcp::Judge,
 }
 
 impl DataPath for HandoffPath {
@@ -88,13 +94,18 @@ impl DataPath for HandoffPath {
             Ok(d) => (Some(d), None),
             Err(e) => (None, Some(e)),
         };
+        let mut watch = IdleWatch::new(opts.idle_window);
+        if diag_failed.is_some() {
+            watch.widen_to(TIE_PROTECT);
+        }
         let mut hp = HandoffPath {
             pid,
-            watch: IdleWatch::new(opts.idle_window),
+            watch,
             next_sample: Instant::now(),
             opts,
             diag,
             diag_failed,
+            judge: handoff::tcp::Judge::default(),
         };
         hp.sample();
         Ok(hp)
@@ -156,8 +167,10 @@ impl HandoffPath {
             (Some(a), Some(b)) => a.moved_to(&b),
             (a, b) => a.is_some() != b.is_some(),
         };
-        // Only while the counters stand still: a connection waiting for an answer.
-        let awaiting = !moved && self.awaiting_answer();
+        // Every sample judges the connections (a tie is told from the socket's previous
+        // sample); only while the counters stand still does a connection waiting count.
+        let waiting = self.awaiting_answer();
+        let awaiting = !moved && waiting;
         if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
             tracing::debug!(io = ?io, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
         }
@@ -185,9 +198,17 @@ impl HandoffPath {
             return false;
         }
         match diag.established() {
-            Ok(socks) => handoff::tcp::awaiting_answer(&socks, &owned),
+            Ok(socks) => {
+                let hold = handoff::tcp::tie_hold_ms(self.watch.window().as_millis() as u64);
+                let waiting = self.judge.waiting(&socks, &owned, hold);
+                if !waiting.is_empty() {
+                    tracing::debug!(sockets = ?waiting, tie_hold_ms = hold, "handoff: a connection of gcsfuse waits for an answer");
+                }
+                !waiting.is_empty()
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "handoff: cannot see gcsfuse's TCP connections (sock_diag); its I/O counters alone decide when it is idle");
+                tracing::warn!(error = %e, "handoff: cannot see gcsfuse's TCP connections (sock_diag); its I/O counters alone decide when it is idle, over a window of at least 2 s");
+                self.watch.widen_to(TIE_PROTECT);
                 self.diag = None;
                 self.diag_failed = Some(e);
                 false
@@ -253,7 +274,8 @@ impl HandoffPath {
         }
         if let Some(e) = &self.diag_failed {
             ex.record.notes.push(format!(
-                "drainfs could not see gcsfuse's TCP connections ({e}): an upload waiting for the server's answer longer than the idle window would have looked idle"
+                "drainfs could not see gcsfuse's TCP connections ({e}): the idle window was widened to {} ms; an upload waiting for the server's answer longer than that would have looked idle",
+                self.watch.window().as_millis()
             ));
         }
         if self.watch.unreadable() > 0 {
@@ -469,17 +491,21 @@ mod tests {
         srv.set_nodelay(true).unwrap();
         let mut buf = [0u8; 64];
         let mut diag = Diag::open().unwrap();
+        // The hold of the default 500 ms window.
+        const HOLD: u32 = 1_500;
         let ino = inode(&c);
+        let mut judge = handoff::tcp::Judge::default();
         // Whether the connection reads as `waiting` within 5 s (the first read printed).
         let mut turns = |what: &str, waiting: bool| {
             let end = Instant::now() + Duration::from_secs(5);
             for n in 0.. {
                 let socks = diag.established().unwrap();
                 let s = *socks.iter().find(|s| s.inode == ino).unwrap();
-                if n == 0 || s.awaiting() == waiting {
+                let now = !judge.waiting(&socks, &[ino], HOLD).is_empty();
+                if n == 0 || now == waiting {
                     eprintln!("{what}: {s:?}");
                 }
-                if s.awaiting() == waiting {
+                if now == waiting {
                     return true;
                 }
                 if Instant::now() > end {
@@ -505,6 +531,8 @@ mod tests {
         );
         srv.write_all(b"200 two").unwrap();
         c.read_exact(&mut buf[..7]).unwrap();
+        // Answered: at once, or when the answer shares the request's step (a tie), once the
+        // tie is older than the hold.
         assert!(
             turns("answered", false),
             "an answered request still reads as waiting"
