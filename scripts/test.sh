@@ -120,7 +120,7 @@ bash docker/image/static-root-test.sh
 # The lint virtualenv docker/check.sh installed has jsonschema, for the summary schema check.
 "${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python" docker/image/run-test.py
 
-step "under the real kubelet v1.34.4 and containerd v2.2.9 (when built): the seed's Job pod, stock, relay and self-managed"
+step "under the real kubelet v1.34.4 and containerd v2.2.9 (when built): the seed's Job pod, stock, relay, handoff, self-managed and the floor"
 bash scripts/k8s-node/smoke.sh
 
 step "benchmark harness, smoke mode"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Puts the images of the three arrangements drainfs-pods.py runs into the node's containerd
+# Puts the images of the four arrangements drainfs-pods.py runs into the node's containerd
 # (k8s.io namespace), for the kubelet up.sh started:
 #   the project's two OCI archives, as docker/image/build.sh writes them (built first when
 #   missing, or with --build):
 #     target/images/drainfs-sidecar.tar  -> drainfs:VERSION (tagged docker.io/library/drainfs:VERSION)
 #     target/images/gcsfuse-relay.tar    -> gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.VERSION
 #                                           (tagged docker.io/library/... likewise)
+#   the managed path's default image, the gke-overlay tag build.sh makes in target/images/oci
+#   (docker/Dockerfile's gke-overlay target on the stand-in for GKE's sidecar image), written
+#   by skopeo into $K8S_NODE_ROOT/images/gke-overlay.tar
+#     -> local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke-overlay
 #   and the stock sidecar, laid out as GKE's gcs-fuse-csi-driver-sidecar-mounter image: the relay
 #   image's files with the real gcsfuse v3.11.2 as /gcsfuse and no drainfs, written by umoci and
 #   skopeo into $K8S_NODE_ROOT/images/gke-sidecar-stock.tar
@@ -27,7 +31,8 @@ case "${1:-}" in
 esac
 ctr_ version >/dev/null 2>&1 || { echo "drainfs-images.sh: containerd is not up (scripts/k8s-node/up.sh)" >&2; exit 2; }
 images="$repo/target/images"
-if ((build)) || [[ ! -f "$images/drainfs-sidecar.tar" || ! -f "$images/gcsfuse-relay.tar" || ! -d "$images/rootfs/relay" ]]; then
+if ((build)) || [[ ! -f "$images/drainfs-sidecar.tar" || ! -f "$images/gcsfuse-relay.tar" || ! -d "$images/rootfs/relay" ]] \
+    || ! grep -Eq '"org.opencontainers.image.ref.name": *"gke-overlay"' "$images/oci/index.json" 2>/dev/null; then
   bash "$repo/docker/image/build.sh"
 fi
 
@@ -48,8 +53,11 @@ rm -f "$out/gke-sidecar-stock.tar"
 skopeo copy --quiet "oci:$out/oci-stock:stock" \
   "oci-archive:$out/gke-sidecar-stock.tar:local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-stock"
 rm -rf "$stock_rootfs" "$out/oci-stock"
+rm -f "$out/gke-overlay.tar"
+skopeo copy --quiet "oci:$images/oci:gke-overlay" \
+  "oci-archive:$out/gke-overlay.tar:local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke-overlay"
 
-for a in "$images/drainfs-sidecar.tar" "$images/gcsfuse-relay.tar" "$out/gke-sidecar-stock.tar"; do
+for a in "$images/drainfs-sidecar.tar" "$images/gcsfuse-relay.tar" "$out/gke-sidecar-stock.tar" "$out/gke-overlay.tar"; do
   ctr_ images import "$a" >/dev/null 2>&1 || { echo "drainfs-images.sh: import of $a failed" >&2; exit 1; }
 done
 # The archives name the two project images without a registry (drainfs:VERSION); the CRI looks a

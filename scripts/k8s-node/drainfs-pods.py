@@ -1,20 +1,28 @@
 #!/usr/bin/env python3
 """The seed's pod under the real kubelet (up.sh): a Job-shaped static pod (restartPolicy: Never)
 whose workload writes files through a bucket volume and exits, with the gcsfuse sidecar as a
-native sidecar, over a fake-gcs-server on loopback, in three arrangements:
+native sidecar, over a fake-gcs-server on loopback, in these arrangements:
 
   stock         GKE's sidecar as the webhook injects it (sidecar_spec.go,
                 GetNativeSidecarContainerSpec: uid/gid 65534, every capability dropped, no
                 privilege escalation, read-only root, seccomp RuntimeDefault, NATIVE_SIDECAR=TRUE,
                 args --v=5, the emptyDirs gke-gcsfuse-buffer and -cache), image: the real sidecar
                 mounter v1.24.4 and the real gcsfuse v3.11.2 (drainfs-images.sh's stock image);
-  relay         the same, with the project's relay image (drainfs as /gcsfuse);
+  relay         the same, with the project's relay image (drainfs as /gcsfuse, DRAINFS_DROPIN_MODE=relay
+                in the image's environment);
+  handoff       the same, with the managed path's default image: docker/Dockerfile's gke-overlay target
+                as docker/image/build.sh makes it on its stand-in for GKE's sidecar image (GKE's
+                own /gcsfuse kept as /gcsfuse.real, drainfs as /gcsfuse, the hand-off: drainfs
+                gives gcsfuse the FUSE fd and owns only the stop);
   self-managed  docker/k8s/job-native-sidecar.yaml's pod template as written, in static-pod form:
                 only the image names, gcsfuse's bucket and fake-server flags, hostNetwork (no CNI
                 here) and the workload (testbin) are replaced, and its serviceAccountName
                 (Workload Identity; a static pod has no API server) dropped;
   airflow       (scenario legacy only) docker/k8s/airflow-pod-template.yaml's pod, the same way:
                 the `base` container's /bin/sh wrapper runs as written, testbin is its workload.
+  floor         (scenario job only) the same Job with no gcsfuse sidecar and no bucket: the workload
+                writes its files to an emptyDir. What the kubelet itself takes from the workload's
+                exit to phase Succeeded; each arrangement's excess over it is in the table.
 
 For stock and relay this script is the CSI node driver, as docker/image/run-test.py is in runc:
 before the pod exists it opens /dev/fuse, mounts the volume's target with fd=N (the workload
@@ -57,14 +65,15 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
             `stopping`), or its final one, and names the file open at the stall either way.
 
 Checked per pod (job, legacy, delete): the workload's exit 0, the sidecar's exit code and
-termination message as the kubelet records them (drainfs: a JSON summary with outcome clean;
-after a deletion, the kubelet's termination-message file, held open), and every object read back
+termination message as the kubelet records them (drainfs: a JSON summary with outcome clean, or
+for the hand-off, outcome idle and data_path handoff; after a deletion, the kubelet's termination-message file, held open), and every object read back
 from the server byte for byte. In every scenario: a drainfs summary that says `clean` with a
 closed file missing, or an exit code that disagrees with the summary, fails the pod.
 
-Usage: drainfs-pods.py [--arrangements stock,relay,self-managed,airflow] [--scenarios job,legacy,delete,stalled]
+Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled]
                        [--pods N] [--files N] [--kib K] [--pace-ms MS]
-Results: a line per pod, then a side-by-side table (p50/p95) per scenario;
+Results: a line per pod, then a side-by-side table (p50/p95) per scenario, with the job scenario's
+exit->Succeeded p50 also as the excess over the floor's when the floor ran;
 $K8S_NODE_WORK/results/drainfs-pods.json.
 Exit codes: 0 every pod passed every check; 1 a check failed (printed); 2 usage, or the node is
 not up (up.sh, then drainfs-images.sh).
@@ -106,11 +115,15 @@ VERSION = next(line.split('"')[1] for line in open(os.path.join(REPO, "Cargo.tom
 IMAGES = {
     "stock": "local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-stock",
     "relay": f"docker.io/library/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.{VERSION}",
+    "handoff": "local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke-overlay",
     "self-managed": f"docker.io/library/drainfs:{VERSION}",
     "airflow": f"docker.io/library/drainfs:{VERSION}",
+    "floor": None,
 }
+GKE_ARRANGEMENTS = ("stock", "relay", "handoff")
 TESTBIN = "local.drainfs/testbin:1"
-SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", "self-managed": "drainfs",
+SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", "handoff": "gke-gcsfuse-sidecar",
+                "self-managed": "drainfs", "floor": None,
                 "airflow": "drainfs"}
 # The workload container's name: Airflow's KubernetesPodOperator calls it `base`.
 APP_NAME = {"airflow": "base"}
@@ -245,6 +258,15 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags):
     if scenario == "legacy":
         spec["initContainers"], spec["containers"] = [], [sidecar, app]
     return spec, drv
+
+
+def floor_pod(name, stamps, files, kib):
+    """The floor: the Job's workload alone (no sidecar, no bucket), writing to an emptyDir at
+    /data."""
+    app, stamps_vol = workload(name, stamps, files, kib)
+    app["volumeMounts"].append({"name": "data", "mountPath": "/data"})
+    return {"hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 30,
+            "containers": [app], "volumes": [{"name": "data", "emptyDir": {}}, stamps_vol]}
 
 
 def self_managed_pod(arr, name, port, stamps, files, kib, scenario, flags):
@@ -416,7 +438,7 @@ def observe_completion(r, full, arr):
         time.sleep(jp.POLL)
     # The sidecar's final status can follow the phase by a sync.
     side = {}
-    for _ in range(100):
+    for _ in range(100 if SIDECAR_NAME[arr] else 0):
         _, status = pod_status(full)
         side = container_status(status, SIDECAR_NAME[arr])
         if "terminated" in side.get("state", {}):
@@ -488,6 +510,12 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         r["errors"].append("the sidecar mounter never took the FUSE fd")
     msg = r["termination_message"]
     summary = {}
+    if arr == "floor":
+        # No bucket: the workload's exit and its stamps are all there is to check.
+        if r["app_exit"] != 0 or "job.exit" not in s:
+            r["errors"].append(f"the workload's exit code {r['app_exit']}, job.exit stamp {'job.exit' in s}")
+        r["objects"] = None
+        return
     if arr != "stock":
         with contextlib.suppress(ValueError):
             summary = json.loads(msg)
@@ -507,7 +535,10 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
             r["errors"].append(f"the workload's exit code {r['app_exit']}")
         if "job.exit" not in s:
             r["errors"].append("no job.exit stamp")
-        if arr != "stock" and (r["outcome"] != "clean" or summary.get("exit_code") != 0):
+        if arr == "handoff" and (summary.get("data_path") != "handoff" or r["outcome"] != "idle"
+                                 or summary.get("exit_code") != 0):
+            r["errors"].append(f"termination message is not the hand-off's idle summary: {msg[:200]!r}")
+        elif arr not in ("stock", "handoff") and (r["outcome"] != "clean" or summary.get("exit_code") != 0):
             r["errors"].append(f"termination message is not a clean drainfs summary: {msg[:200]!r}")
         if arr in ("self-managed", "airflow") and r["sidecar_exit"] != 0:
             r["errors"].append(f"drainfs's exit code {r['sidecar_exit']}")
@@ -531,6 +562,10 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
                                           for p in summary.get("open_paths", []))):
             r["errors"].append(f"the relay's termination message does not say its stop was unfinished"
                                f" and name the file open at the stall (part-{stuck}.bin): {msg[:300]!r}")
+        # The hand-off cannot name files (it sees no request); what it must not do is call a stop
+        # with an upload stuck in gcsfuse idle, the outcome that says nothing was cut.
+        if arr == "handoff" and (summary.get("data_path") != "handoff" or r["outcome"] == "idle"):
+            r["errors"].append(f"the hand-off called the stop idle with part-{stuck}.bin stuck in gcsfuse: {msg[:300]!r}")
         took = r["ms"].get("deleted->sidecar exited")
         if arr == "self-managed" and (r["sidecar_exit"] != 75 or r.get("outcome") != "incomplete"
                                       or took is None or took >= GRACE_STALLED * 1000):
@@ -563,7 +598,9 @@ def run_pod(arr, i, port, a, scenario):
             server = rt.FAKE_SERVERS[port]
         flags = ["-pace-ms", str(a.pace_ms)] if scenario in ("delete", "stalled") else []
         drv = None
-        if arr in ("self-managed", "airflow"):
+        if arr == "floor":
+            spec = floor_pod(name, stamps, a.files, a.kib)
+        elif arr in ("self-managed", "airflow"):
             spec = self_managed_pod(arr, name, port, stamps, a.files, a.kib, scenario, flags)
         else:
             spec, drv = gke_pod(arr, name, port, stack, base, stamps, a.files, a.kib, scenario, flags)
@@ -597,7 +634,7 @@ def run_pod(arr, i, port, a, scenario):
             ex = s["job.exit"]
             r["ms"]["exit->Succeeded"] = (t_end - ex) / 1e6
             sb = jp.sandbox(full)
-            fin = exited(sb["id"], {}, {}, events).get(SIDECAR_NAME[arr], (None,) * 3)[2] if sb else None
+            fin = exited(sb["id"], {}, {}, events).get(SIDECAR_NAME[arr], (None,) * 3)[2] if sb and SIDECAR_NAME[arr] else None
             if fin is not None:
                 r["ms"]["exit->sidecar exited"] = (fin - ex) / 1e6
             if drv is not None and drv.exit_file_ns:
@@ -618,9 +655,13 @@ def table(results, arrs, scenario):
     arrs = [x for x in arrs if any(r["arrangement"] == x for r in rs_all)]
     keys = list(dict.fromkeys(k for r in rs_all for k in r["ms"]))
     print(f"\n{scenario}:\n")
+    # The floor's exit->Succeeded p50: what the kubelet itself takes, without a sidecar.
+    floor = [r["ms"]["exit->Succeeded"] for r in rs_all
+             if r["arrangement"] == "floor" and "exit->Succeeded" in r["ms"]]
+    over = f" | exit->Succeeded p50 over the floor's {pct(floor, 50):.0f} (ms)" if floor else ""
     print("| arrangement | pods passed | " + " | ".join(f"{k} p50 / p95 (ms)" for k in keys)
-          + " | sidecar exit codes | outcomes | objects intact |")
-    print("| --- " * (len(keys) + 5) + "|")
+          + over + " | sidecar exit codes | outcomes | objects intact |")
+    print("| --- " * (len(keys) + 5 + bool(floor)) + "|")
     bad = 0
     for arr in arrs:
         rs = [r for r in rs_all if r["arrangement"] == arr]
@@ -630,17 +671,21 @@ def table(results, arrs, scenario):
         for key in keys:
             v = [r["ms"][key] for r in rs if key in r["ms"]]
             col.append(f"{pct(v, 50):.0f} / {pct(v, 95):.0f}" if v else "-")
+        if floor:
+            v = [r["ms"]["exit->Succeeded"] for r in rs if "exit->Succeeded" in r["ms"]]
+            col.append(f"{pct(v, 50) - pct(floor, 50):+.0f}" if v else "-")
         codes = ", ".join(sorted({str(r["sidecar_exit"]) for r in rs}))
         outcomes = ", ".join(sorted({str(r.get("outcome", "-")) for r in rs}))
-        intact = sum(1 for r in rs if not any(e.startswith("bucket") for e in r["errors"]))
+        intact = ("no bucket" if arr == "floor" else
+                  f"{sum(1 for r in rs if not any(e.startswith('bucket') for e in r['errors']))} of {len(rs)}")
         print(f"| {arr} | {len(ok)} of {len(rs)} | " + " | ".join(col)
-              + f" | {codes} | {outcomes} | {intact} of {len(rs)} |")
+              + f" | {codes} | {outcomes} | {intact} |")
     return bad
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arrangements", default="stock,relay,self-managed")
+    ap.add_argument("--arrangements", default="stock,relay,handoff,self-managed,floor")
     ap.add_argument("--scenarios", default="job")
     ap.add_argument("--pods", type=int, default=10)
     ap.add_argument("--files", type=int, default=8)
@@ -670,7 +715,9 @@ def main():
         for scenario in scens:
             for i in range(a.pods):
                 # The Airflow template is a regular-sidecar pod: it runs in `legacy` only.
-                for arr in (x for x in arrs if x != "airflow" or scenario == "legacy"):
+                # The floor is the Job without a sidecar: it runs in `job` only.
+                for arr in (x for x in arrs if (x != "airflow" or scenario == "legacy")
+                            and (x != "floor" or scenario == "job")):
                     r = run_pod(arr, i, port, a, scenario)
                     results.append(r)
                     print(f"{r['pod']}: phases {r['phases']}, app exit {r['app_exit']}, sidecar exit "

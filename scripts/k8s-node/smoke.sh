@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-kubelet step of ./scripts/test.sh: starts the node (up.sh), imports the project's
 # images (drainfs-images.sh: the OCI archives docker/image/build.sh wrote, and the stock
-# sidecar), runs drainfs-pods.py for each arrangement (stock, relay, self-managed): PODS Job
+# sidecar, and the managed path's overlay image), runs drainfs-pods.py for each arrangement
+# (stock, relay, handoff, self-managed, and the floor: the Job without a sidecar): PODS Job
 # pods (checked: phase Succeeded, exit codes and termination messages as the kubelet records
 # them, every object read back), then one pod of each other scenario (legacy: a regular
 # sidecar and the exit file, with airflow-pod-template.yaml too; delete: the pod deleted while
@@ -56,5 +57,5 @@ bash "$here/drainfs-images.sh" 2>&1 | grep -v DEPRECATION
 py="${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python"
 [[ -x "$py" ]] || py=python3
 "$py" "$here/drainfs-pods.py" --pods "$pods" --files 4 --kib 512
-"$py" "$here/drainfs-pods.py" --arrangements stock,relay,self-managed,airflow \
+"$py" "$here/drainfs-pods.py" --arrangements stock,relay,handoff,self-managed,airflow \
   --scenarios legacy,delete,stalled --pods 1 --files 4 --kib 512 --pace-ms 2000
