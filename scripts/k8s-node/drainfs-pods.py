@@ -586,7 +586,10 @@ def run_pod(arr, i, port, a, scenario):
     stamps = os.path.join(base, "stamps")
     os.makedirs(stamps)
     os.chmod(stamps, 0o777)
-    r = {"arrangement": arr, "scenario": scenario, "pod": full, "errors": [], "ms": {}}
+    # Every field a line of the report reads, also for a pod that never started.
+    r = {"arrangement": arr, "scenario": scenario, "pod": full, "errors": [], "ms": {}, "phases": [],
+         "app_exit": None, "sidecar_exit": None, "sidecar_reason": None, "termination_message": "",
+         "closed": None, "objects": None}
     manifest = os.path.join(WORK, "manifests", f"{name}.yaml")
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, base, True)
