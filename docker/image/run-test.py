@@ -109,13 +109,17 @@ def free_port():
 FAKE_SERVERS = {}
 
 
-def fake_gcs(stack, workdir):
+def fake_gcs(stack, workdir, public_port=None):
+    """fake-gcs-server on a free loopback port, with the test bucket; returns the port. With
+    `public_port` (a proxy in front of it), the URLs it hands out (an upload's Location) name
+    that port instead of its own."""
     port = free_port()
+    public = public_port or port
     log = open(os.path.join(workdir, "fake-gcs.log"), "wb")
     p = subprocess.Popen(
         [os.path.join(LOWERS, "fake-gcs-server"), "-scheme", "http", "-backend", "memory",
-         "-host", "127.0.0.1", "-port", str(port), "-public-host", f"localhost:{port}",
-         "-log-level", "warn"],
+         "-host", "127.0.0.1", "-port", str(port), "-public-host", f"localhost:{public}",
+         "-external-url", f"http://localhost:{public}", "-log-level", "warn"],
         stdout=log, stderr=subprocess.STDOUT)
     FAKE_SERVERS[port] = p
 

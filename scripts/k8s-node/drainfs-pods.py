@@ -64,6 +64,12 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
             SIGKILL); the relay's termination message is its provisional summary (outcome
             `stopping`), or its final one, and names the file open at the stall either way.
 
+With --latency-ms N the pods' bucket is the fake-gcs-server behind toxiproxy (install.sh's
+`toxiproxy` step), N ms of round trip added (N/2 each way), the URLs the server hands out naming
+the proxy: a round trip of the order of a cloud VM's to Cloud Storage, which loopback lacks (an
+answer within the 4 ms step of its request is common on loopback, and the hand-off holds such a
+tie 2 s). The stalled scenario keeps its own server, without it.
+
 Checked per pod (job, legacy, delete): the workload's exit 0, the sidecar's exit code and
 termination message as the kubelet records them (drainfs: a JSON summary with outcome clean, or
 for the hand-off, outcome idle and data_path handoff; after a deletion, the kubelet's termination-message file, held open), and every object read back
@@ -71,7 +77,7 @@ from the server byte for byte. In every scenario: a drainfs summary that says `c
 closed file missing, or an exit code that disagrees with the summary, fails the pod.
 
 Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled]
-                       [--pods N] [--files N] [--kib K] [--pace-ms MS]
+                       [--pods N] [--files N] [--kib K] [--pace-ms MS] [--latency-ms MS]
 Results: a line per pod, then a side-by-side table (p50/p95) per scenario, with the job scenario's
 exit->Succeeded p50 also as the excess over the floor's when the floor ran;
 $K8S_NODE_WORK/results/drainfs-pods.json.
@@ -132,6 +138,45 @@ SCENARIOS = ("job", "legacy", "delete", "stalled")
 # The stalled scenario's terminationGracePeriodSeconds (and DRAINFS_GRACE_PERIOD).
 GRACE_STALLED = 20
 BUCKET = rt.BUCKET
+
+
+# A proxy's port -> the fake-gcs-server port behind it (--latency-ms): the pods talk to the
+# first, the objects are read back from the second.
+BEHIND = {}
+
+
+def latency_backend(stack, workdir, latency_ms):
+    """fake-gcs-server behind toxiproxy (install.sh's `toxiproxy` step) adding `latency_ms` of
+    round trip (a latency toxic of half of it in each direction), as a cloud VM sees Cloud
+    Storage; returns the proxy's port."""
+    proxy, api = rt.free_port(), rt.free_port()
+    server = rt.fake_gcs(stack, workdir, public_port=proxy)
+    log = open(os.path.join(workdir, "toxiproxy.log"), "wb")
+    p = subprocess.Popen([os.path.join(jp.ROOT, "bin", "toxiproxy-server"), "-host", "127.0.0.1",
+                          "-port", str(api)], stdout=log, stderr=subprocess.STDOUT)
+
+    def stop():
+        p.kill()
+        p.wait()
+    stack.callback(stop)
+
+    def post(path, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{api}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        return urllib.request.urlopen(req, timeout=5).read()
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{api}/version", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.05)
+    post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{proxy}", "upstream": f"127.0.0.1:{server}",
+                      "enabled": True})
+    for stream in ("upstream", "downstream"):
+        post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
+                                     "attributes": {"latency": latency_ms // 2, "jitter": 0}})
+    BEHIND[proxy] = server
+    return proxy
 
 
 def content(i, kib):
@@ -525,7 +570,7 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         # SIGKILLed in a close() (stock, relay): every file before the last it began was closed.
         closed = s.get("opening")
     r["closed"] = closed
-    got = {k: v for k, v in rt.objects(port).items() if k.startswith(name + "/")}
+    got = {k: v for k, v in rt.objects(BEHIND.get(port, port)).items() if k.startswith(name + "/")}
     got.pop(name + "/", None)  # the directory's own object, if gcsfuse made one
     want = {f"{name}/part-{j}.bin": content(j, kib) for j in range(closed or 0)}
     r["objects"] = len(got)
@@ -694,6 +739,8 @@ def main():
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--kib", type=int, default=1024)
     ap.add_argument("--pace-ms", type=int, default=2000)
+    ap.add_argument("--latency-ms", type=int, default=0,
+                    help="the bucket's round trip added by toxiproxy (job, legacy, delete; default 0: none)")
     a = ap.parse_args()
     arrs, scens = a.arrangements.split(","), a.scenarios.split(",")
     if (any(x not in IMAGES for x in arrs) or any(x not in SCENARIOS for x in scens)
@@ -713,7 +760,7 @@ def main():
         fake = os.path.join(WORK, "drainfs-pods", f"fake-gcs-{os.getpid()}")
         os.makedirs(fake)
         stack.callback(shutil.rmtree, fake, True)
-        port = rt.fake_gcs(stack, fake)
+        port = latency_backend(stack, fake, a.latency_ms) if a.latency_ms else rt.fake_gcs(stack, fake)
         # Interleaved: one pod of each arrangement in turn.
         for scenario in scens:
             for i in range(a.pods):

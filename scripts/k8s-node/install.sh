@@ -11,10 +11,13 @@
 #                   github.com/containerd/containerd/v2 $CONTAINERD_VERSION (CGO_ENABLED=0)
 #   runc            Debian's package (/usr/sbin/runc)
 #   images/*.tar    the pause image and the test images (scripts/k8s-node/images.sh)
+#   bin/toxiproxy-server
+#                   github.com/Shopify/toxiproxy/v2/cmd/server $TOXIPROXY_VERSION: the added round trip
+#                   of drainfs-pods.py --latency-ms (step `toxiproxy`, not in the default set)
 # A binary already built for the pinned version is kept (bin/NAME-VERSION; bin/NAME links to
 # it), so a second run builds nothing. Build parallelism: GOFLAGS=-p=$K8S_NODE_JOBS (default 1).
 #
-# Usage: bash scripts/k8s-node/install.sh [kubelet|crictl|containerd|images]...   (as root;
+# Usage: bash scripts/k8s-node/install.sh [kubelet|crictl|containerd|images|toxiproxy]...   (as root;
 #        no argument: all of them)
 # Exit codes: 0 everything asked for is installed; 1 a build or an install failed (its
 #        output is on stderr and in $K8S_NODE_ROOT/build-logs/).
@@ -24,6 +27,7 @@ root="${K8S_NODE_ROOT:-/opt/drainfs-k8s}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.2.9}"
+TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.5.0}"
 jobs="${K8S_NODE_JOBS:-1}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-p=$jobs -buildvcs=false"
 export PATH="/usr/local/go/bin:$PATH"
@@ -107,11 +111,21 @@ build_containerd() {
 
 build_images() { bash "$here/images.sh"; }
 
+build_toxiproxy() {
+  local v="$TOXIPROXY_VERSION"
+  if have toxiproxy-server "$v"; then link toxiproxy-server "$v"; echo "toxiproxy $v: cached"; return; fi
+  echo "==> toxiproxy $v (cmd/server)"
+  GOBIN="$root/src/gobin-toxiproxy-$v" go install -trimpath -ldflags "-s -w" \
+    "github.com/Shopify/toxiproxy/v2/cmd/server@$v" 2>&1 | tee "$root/build-logs/toxiproxy.log"
+  install -m 0755 "$root/src/gobin-toxiproxy-$v/server" "$root/bin/toxiproxy-server-$v"
+  link toxiproxy-server "$v"
+}
+
 steps=("$@")
 ((${#steps[@]})) || steps=(crictl containerd kubelet images)
 for s in "${steps[@]}"; do
   case "$s" in
-    kubelet|crictl|containerd|images) "build_$s" ;;
+    kubelet|crictl|containerd|images|toxiproxy) "build_$s" ;;
     *) echo "install.sh: unknown step $s" >&2; exit 1 ;;
   esac
 done
