@@ -13,7 +13,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$repo/target/images/dist/drainfs}"
 gcsfuse="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}/bin/gcsfuse"
 [[ -x "$bin" ]] || { echo "static-root-test.sh: $bin missing: run docker/image/build.sh" >&2; exit 2; }
-work=$(mktemp -d /tmp/drainfs-static-root-XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/drainfs-static-root-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
 ok() { echo "  [ok] $*"; }

@@ -7,7 +7,7 @@
 #   bench_init NAME TOOL...   root check, the tools each script needs, fio (installed if
 #                             missing), `cargo build --release` unless $build is 0; sets $repo
 #                             and $bin_dir (the release binaries)
-#   bench_workdir PREFIX      a fresh /tmp/PREFIX.XXXXXX as $work (mode 755: sidecars run as
+#   bench_workdir PREFIX      a fresh ${TMPDIR:-/tmp}/PREFIX.XXXXXX as $work (mode 755: sidecars run as
 #                             uid 65534) with the EXIT trap below
 #   bench_python SCRIPT ARGS  runs a Python driver in the background and waits for it, so a
 #                             signal to the script runs the trap at once
@@ -117,7 +117,7 @@ bench_cleanup() {
 }
 
 bench_workdir() {
-    work=$(mktemp -d "/tmp/$1.XXXXXX")
+    work=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
     chmod 755 "$work"
     trap bench_cleanup EXIT
     trap 'exit 143' TERM
