@@ -57,7 +57,8 @@ stock's 5 s), so 300 runs take about 25 minutes.
 
 It needs the release binaries (drainfs, fake-node-driver: `cargo build --release -p drainfs -p
 fuse-tests --bins`) and scripts/install-lowers.sh's gcsfuse, sidecar mounter and
-fake-gcs-server. Everything it mounts lives under one fresh /tmp/drainfs-handoff-stops.XXXXXX;
+fake-gcs-server. Everything it mounts lives under one fresh $TMPDIR/drainfs-handoff-stops.XXXXXX
+(TMPDIR default /tmp; its path must be reachable by uid 65534);
 at the end (and on SIGTERM or Ctrl-C) it stops the processes it started, by PID, unmounts
 whatever is still mounted there and removes it.
 """
@@ -484,7 +485,7 @@ def main():
     ctx.grace_sizes = (int(lo), int(hi or lo))
     ctx.max_delay = a.max_delay
     ctx.kubelet_kill = a.kubelet_kill
-    ctx.work = tempfile.mkdtemp(prefix="drainfs-handoff-stops.", dir="/tmp")
+    ctx.work = tempfile.mkdtemp(prefix="drainfs-handoff-stops.")
     os.chmod(ctx.work, 0o755)
     results = a.results or os.path.join(HERE, "results", "handoff-stops-" + time.strftime("%Y%m%d-%H%M%S"))
     # The sidecars' logs go to the results directory: the work directory goes at the end.
