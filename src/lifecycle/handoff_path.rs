@@ -491,7 +491,7 @@ mod tests {
         srv.set_nodelay(true).unwrap();
         let mut buf = [0u8; 64];
         let mut diag = Diag::open().unwrap();
-        // The hold of the default 500 ms window.
+        // The hold of a 500 ms window.
         const HOLD: u32 = 1_500;
         let ino = inode(&c);
         let mut judge = handoff::tcp::Judge::default();
