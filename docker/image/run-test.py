@@ -128,16 +128,26 @@ def fake_gcs(stack, workdir, public_port=None):
         p.wait()
     stack.callback(stop)
     base = f"http://127.0.0.1:{port}/storage/v1"
-    for _ in range(200):
+    wait_http(f"{base}/b?project=test")
+    post_json(f"{base}/b?project=test", {"name": BUCKET})
+    return port
+
+
+def wait_http(url, tries=200):
+    """Polls `url` every 50 ms until it answers (at most `tries` times)."""
+    for _ in range(tries):
         try:
-            urllib.request.urlopen(f"{base}/b?project=test", timeout=1).read()
-            break
+            urllib.request.urlopen(url, timeout=1).read()
+            return
         except OSError:
             time.sleep(0.05)
-    req = urllib.request.Request(f"{base}/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
+
+
+def post_json(url, body):
+    """POSTs `body` as JSON to `url`; returns the answer's bytes."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
-    urllib.request.urlopen(req, timeout=5).read()
-    return port
+    return urllib.request.urlopen(req, timeout=5).read()
 
 
 def objects(port):

@@ -161,15 +161,8 @@ def latency_backend(stack, workdir, latency_ms):
     stack.callback(stop)
 
     def post(path, body):
-        req = urllib.request.Request(f"http://127.0.0.1:{api}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        return urllib.request.urlopen(req, timeout=5).read()
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{api}/version", timeout=1).read()
-            break
-        except OSError:
-            time.sleep(0.05)
+        return rt.post_json(f"http://127.0.0.1:{api}{path}", body)
+    rt.wait_http(f"http://127.0.0.1:{api}/version")
     post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{proxy}", "upstream": f"127.0.0.1:{server}",
                       "enabled": True})
     for stream in ("upstream", "downstream"):

@@ -167,10 +167,18 @@ impl HandoffPath {
             (Some(a), Some(b)) => a.moved_to(&b),
             (a, b) => a.is_some() != b.is_some(),
         };
-        // Every sample judges the connections (a tie is told from the socket's previous
-        // sample); only while the counters stand still does a connection waiting count.
-        let waiting = self.awaiting_answer();
-        let awaiting = !moved && waiting;
+        // Only while the counters stand still does a connection waiting count. With a tie hold
+        // (a window under 2 s), every sample judges the connections, since a tie is told from
+        // the socket's previous sample; without one, they are read only when it counts.
+        let hold = handoff::tcp::tie_hold_ms(self.watch.window().as_millis() as u64);
+        let awaiting = if moved {
+            if hold > 0 {
+                self.awaiting_answer();
+            }
+            false
+        } else {
+            self.awaiting_answer()
+        };
         if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
             tracing::debug!(io = ?io, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
         }
