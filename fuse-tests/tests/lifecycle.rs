@@ -175,6 +175,11 @@ fn sigterm_during_a_slow_close_waits_for_the_upload() {
 /// which counts from when drainfs took the signal. The quiet period is 3 s, not 500 ms: a
 /// loaded machine can run the Python handler 200 ms later than drainfs's signal thread, and
 /// its open then came after the door closed (ESHUTDOWN).
+///
+/// The application waits in 50 ms sleeps, not one long one: CPython runs a Python-level
+/// handler between bytecodes, so a SIGTERM caught after its last check and before
+/// `clock_nanosleep` began left the handler waiting out the whole sleep (1 run in 15-25 beside
+/// two busy loops: SIGTERM caught, nothing pending, the process in its 60 s sleep).
 #[test]
 fn an_application_writing_in_its_sigterm_handler_is_served() {
     let mut s = stack(
@@ -191,7 +196,7 @@ fn an_application_writing_in_its_sigterm_handler_is_served() {
          \x20   sys.exit(0)\n\
          signal.signal(signal.SIGTERM, h)\n\
          print('ready', flush=True)\n\
-         time.sleep(60)\n",
+         for _ in range(1200): time.sleep(0.05)\n",
         target = target.display().to_string()
     );
     let mut app = Command::new("python3");
