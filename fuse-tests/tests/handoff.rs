@@ -575,3 +575,85 @@ fn handoff_a_server_stall_longer_than_the_window_is_not_idle() {
     assert_in_bucket(&server, &[("stalled.bin", &w.written)]);
     s.assert_nothing_left();
 }
+
+/// What stands in for gcsfuse in [`handoff_computing_without_io_is_not_idle`]: it runs the
+/// real gcsfuse as its child on the same argv and kernel fd (which it closes itself), and on
+/// SIGUSR1 computes for `BURN` seconds without a system call, then writes `done` into `DIR`.
+const COMPUTING_STAND_IN: &str = r#"import ctypes, os, signal, subprocess, sys, time
+REAL, DIR, BURN = sys.argv[1], sys.argv[2], float(sys.argv[3])
+fd = int(sys.argv[-1].rsplit("/", 1)[1])
+libc = ctypes.CDLL(None, use_errno=True)
+child = subprocess.Popen([REAL] + sys.argv[4:], pass_fds=(fd,),
+                         preexec_fn=lambda: libc.prctl(1, signal.SIGKILL))
+os.close(fd)
+burn = []
+signal.signal(signal.SIGUSR1, lambda *a: burn.append(1))
+while child.poll() is None:
+    if burn:
+        burn.clear()
+        end = time.monotonic() + BURN
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+        with open(os.path.join(DIR, "done"), "w") as f:
+            f.write(str(n))
+    time.sleep(0.02)
+sys.exit(child.returncode)
+"#;
+
+/// gcsfuse computing without a system call (a checksum; a thread waiting for a CPU under
+/// load) moves none of its I/O counters and none of its connections: drainfs sees its threads
+/// run (`/proc/PID/task/*/schedstat` and `stat`) and does not take it for idle. A stand-in
+/// for gcsfuse (the real one as its child) idle for longer than the window (500 ms) computes
+/// for 1.5 s from 100 ms before the stop, then writes a file: drainfs ends it only after that.
+#[test]
+fn handoff_computing_without_io_is_not_idle() {
+    let server = Server::start(Kind::Gcsfuse);
+    let dir = scratch_dir("/tmp", "drainfs-burn-");
+    sidecar_dir(dir.path());
+    let stand_in = dir.path().join("gcsfuse-stand-in");
+    let paths: serde_json::Value =
+        serde_json::from_str(&fuse_tests::lowers::lowers_py(&["paths"]).unwrap()).unwrap();
+    let real = paths["gcsfuse"].as_str().expect("gcsfuse is installed");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\nexec python3 -c '{}' {real} {} 1.5 \"$@\"\n",
+            COMPUTING_STAND_IN.replace('\'', "'\\''"),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let env = vec![(
+        "DRAINFS_REAL_GCSFUSE".to_string(),
+        stand_in.display().to_string(),
+    )];
+    let mut s = CsiSidecar::start(
+        &server,
+        Gcsfuse::DropIn(env),
+        Stop::Native,
+        &["drainfs-idle-window=500ms"],
+    );
+    let a = pattern(1 << 20, 31);
+    write_file(&s.path("a.bin"), &a).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(Pid::from_raw(s.gcsfuse_pid()), Signal::SIGUSR1).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    kill(Pid::from_raw(s.mounter_pid()), Signal::SIGTERM).unwrap();
+    let e = s.wait(Duration::from_secs(20));
+    eprintln!("handoff, gcsfuse computing at the stop: {e}");
+    assert!(
+        dir.path().join("done").exists(),
+        "drainfs ended gcsfuse while it computed: {e}"
+    );
+    assert_clean_handoff_stop(&e);
+    let summary = summary_at(&s.summary);
+    assert_eq!(summary["outcome"], "idle", "{summary:#}");
+    assert_in_bucket(&server, &[("a.bin", &object_of(&a))]);
+    s.assert_nothing_left();
+}

@@ -15,8 +15,9 @@ use crate::config::{CleanSigtermExit, HandoffOptions, LifecycleConfig, LowerProc
 #[derive(Debug, Args)]
 pub struct HandoffArgs {
     /// How long gcsfuse's I/O counters (`/proc/PID/io`: bytes and calls, its FUSE requests
-    /// and its HTTP connections alike) must stand still, with none of its TCP connections
-    /// waiting for an answer, before gcsfuse counts as idle and is ended after a stop.
+    /// and its HTTP connections alike) must stand still, with its threads not running
+    /// (`/proc/PID/task/*`) and none of its TCP connections waiting for an answer, before
+    /// gcsfuse counts as idle and is ended after a stop.
     /// Stillness before the stop counts; a stop takes up to this long after the last I/O. A
     /// connection whose last send, receive and ACK share one 4 ms timestamp step counts as
     /// waiting for 2 s (which came first cannot be told), and without sight of the
@@ -26,8 +27,8 @@ pub struct HandoffArgs {
     #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "2s", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 
-    /// How often gcsfuse's counters are read (while serving too, so that stillness before a
-    /// stop counts).
+    /// How often gcsfuse's counters and threads are read (while serving too, so that
+    /// stillness before a stop counts).
     #[arg(long, env = "DRAINFS_IDLE_SAMPLE", value_parser = parse_duration, default_value = "50ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_sample: Duration,
 

@@ -81,6 +81,10 @@ pub struct TcpSock {
     /// Data segments received and sent so far (`tcpi_data_segs_in`, `tcpi_data_segs_out`;
     /// `None` from a kernel older than 4.6).
     pub data_segs: Option<(u32, u32)>,
+    /// Bytes received that gcsfuse has not read yet (`idiag_rqueue`).
+    pub rqueue: u32,
+    /// Bytes sent that the peer has not acknowledged yet, or not yet sent (`idiag_wqueue`).
+    pub wqueue: u32,
 }
 
 /// What a socket's previous sample showed: its verdict and its data segment counts.
@@ -93,7 +97,9 @@ pub struct Seen {
 }
 
 impl TcpSock {
-    /// It sent data after the last data it received: a request waits for its answer. When
+    /// Bytes are queued on it (received and not yet read, or sent and not yet acknowledged):
+    /// gcsfuse has work in flight there. Else: it sent data after the last data it received: a
+    /// request waits for its answer. When
     /// the last send and the last receive share a timestamp step (a tie), the request waits
     /// if an ACK arrived after that data, and no later than [`TIE_ACK_MAX_MS`] after the send
     /// (the server's ACK of the request, not a keep-alive's). A tie the ACK does not break
@@ -103,6 +109,10 @@ impl TcpSock {
     /// and at least one received (`None`: measured from the socket's start); with no data
     /// moved since `prev`, the verdict stays `prev`'s.
     pub fn awaiting(&self, prev: Option<Seen>, tie_hold_ms: u32) -> bool {
+        if self.rqueue > 0 || self.wqueue > 0 {
+            // An answer gcsfuse has yet to read, or a request still on its way.
+            return true;
+        }
         let (sent, recv, ack) = (
             self.last_data_sent_ms,
             self.last_data_recv_ms,
@@ -203,7 +213,8 @@ pub fn parse_dump(buf: &[u8]) -> Result<(Vec<TcpSock>, bool), i32> {
     Ok((out, false))
 }
 
-/// One `struct inet_diag_msg` (72 bytes: state at 1, inode at 68) and its attributes.
+/// One `struct inet_diag_msg` (72 bytes: state at 1, `idiag_rqueue` at 56, `idiag_wqueue` at
+/// 60, inode at 68) and its attributes.
 fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
     let u32_at = |b: &[u8], o: usize| {
         b.get(o..o + 4)
@@ -228,6 +239,8 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
                 last_data_recv_ms: u32_at(info, LAST_DATA_RECV)?,
                 last_ack_recv_ms: u32_at(info, LAST_ACK_RECV)?,
                 data_segs: u32_at(info, DATA_SEGS_IN).zip(u32_at(info, DATA_SEGS_OUT)),
+                rqueue: u32_at(msg, 56)?,
+                wqueue: u32_at(msg, 60)?,
             });
         }
         off += (len + 3) & !3;
@@ -334,7 +347,39 @@ mod tests {
             last_data_recv_ms: recv,
             last_ack_recv_ms: ack,
             data_segs: segs,
+            rqueue: 0,
+            wqueue: 0,
         }
+    }
+
+    /// Bytes queued on a socket (an answer not yet read, a request not yet acknowledged) wait,
+    /// whatever its times say; the dump carries them in the `inet_diag_msg` itself.
+    #[test]
+    fn queued_bytes_are_work_in_flight() {
+        let idle = sock(900, 3, 3, Some((5, 5)));
+        assert!(!idle.awaiting(None, 0));
+        let unread = TcpSock {
+            rqueue: 120,
+            ..idle
+        };
+        let unacked = TcpSock {
+            wqueue: 4096,
+            ..idle
+        };
+        assert!(unread.awaiting(None, 0) && unacked.awaiting(None, 0));
+        let mut m = diag_full(7, TCP_ESTABLISHED, (900, 3, 3), Some((5, 5)));
+        m[56..60].copy_from_slice(&120u32.to_ne_bytes());
+        m[60..64].copy_from_slice(&4096u32.to_ne_bytes());
+        let (socks, _) = parse_dump(&nlmsg(SOCK_DIAG_BY_FAMILY, &m)).unwrap();
+        assert_eq!(
+            socks,
+            [TcpSock {
+                inode: 7,
+                rqueue: 120,
+                wqueue: 4096,
+                ..idle
+            }]
+        );
     }
 
     #[test]

@@ -229,6 +229,84 @@ fn a_request_waiting_for_its_answer_is_activity() {
 }
 
 #[test]
+fn parses_the_threads_of_proc_pid_task() {
+    assert_eq!(CpuSample::parse_schedstat("123456 789 10\n"), Some(123_456));
+    assert_eq!(CpuSample::parse_schedstat(""), None);
+    assert_eq!(CpuSample::parse_schedstat("x 1 2"), None);
+    // The command may hold parentheses and spaces: the state follows the last ')'.
+    let stat = "42 (gcs) R (fuse)) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 8 0 1";
+    assert_eq!(CpuSample::parse_state(stat), Some('S'));
+    assert_eq!(CpuSample::parse_state("42 gcsfuse"), None);
+    let mut c = CpuSample::default();
+    c.add_thread(5, Some('S'));
+    c.add_thread(7, Some('R'));
+    c.add_thread(11, Some('D'));
+    c.add_thread(13, None);
+    assert_eq!(
+        c,
+        CpuSample {
+            on_cpu_ns: 36,
+            runnable: 1,
+            blocked: 1
+        }
+    );
+}
+
+/// Time on a CPU of 1 ms or more between two samples is activity, and so is a thread
+/// runnable or in an uninterruptible wait when read; the Go runtime's own wake-ups (well
+/// under 1 ms) are not. Without two readable samples in a row, nothing is known: not busy.
+#[test]
+fn threads_that_ran_are_activity() {
+    let idle = CpuSample {
+        on_cpu_ns: 50_000_000,
+        ..CpuSample::default()
+    };
+    let at = |ns| CpuSample {
+        on_cpu_ns: ns,
+        ..idle
+    };
+    assert!(!idle.moved_to(&at(50_000_000 + CPU_NOISE_NS - 1)));
+    assert!(idle.moved_to(&at(50_000_000 + CPU_NOISE_NS)));
+    assert!(idle.moved_to(&CpuSample {
+        runnable: 1,
+        ..idle
+    }));
+    assert!(idle.moved_to(&CpuSample { blocked: 1, ..idle }));
+    assert!(idle.moved_to(&at(1)), "a sum that went backwards");
+    let mut w = CpuWatch::default();
+    assert!(!w.busy(Some(idle)), "the first sample");
+    assert!(w.busy(Some(at(60_000_000))));
+    assert!(!w.busy(Some(at(60_000_100))));
+    assert!(!w.busy(None));
+    assert!(!w.busy(Some(at(90_000_000))), "after an unreadable sample");
+}
+
+/// A gcsfuse that computes without a system call (its counters still, its threads on a CPU)
+/// is not idle: the window runs from the last sample at which it ran.
+#[test]
+fn computing_without_io_keeps_gcsfuse_from_idle() {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    let mut cpu = CpuWatch::default();
+    let mut ns = 0;
+    let mut t = Duration::ZERO;
+    while t <= ms(1500) {
+        // 1.2 s of computing (10 ms on a CPU per 20 ms sample), then nothing.
+        if t <= ms(1200) {
+            ns += 10_000_000;
+        }
+        let ran = cpu.busy(Some(CpuSample {
+            on_cpu_ns: ns,
+            ..CpuSample::default()
+        }));
+        w.sample_with(t0 + t, Some(io(1)), ran);
+        t += EVERY;
+    }
+    assert!(!w.is_idle(t0 + ms(1200) + WINDOW - ms(1)));
+    assert!(w.is_idle(t0 + ms(1200) + WINDOW));
+}
+
+#[test]
 fn the_first_sample_is_a_change() {
     let t0 = Instant::now();
     let mut w = IdleWatch::new(WINDOW);

@@ -25,7 +25,7 @@ use super::lower::Lower;
 use crate::config::{CleanSigtermExit, HandoffOptions, LowerProcess};
 use crate::drain::{Cause, Ending, ExitCode, Phase};
 use crate::fs::Admission;
-use crate::handoff::{self, IdleWatch, IoSample, Stop, StopStep};
+use crate::handoff::{self, CpuSample, CpuWatch, IdleWatch, IoSample, Stop, StopStep};
 use crate::summary::{HandoffFacts, HandoffSummary, LogEntry};
 use crate::{procs, summary};
 
@@ -46,6 +46,8 @@ pub(super) struct HandoffPath {
     diag_failed: Option<String>,
     /// The verdicts of gcsfuse's connections at the previous sample.
     judge: handoff::tcp::Judge,
+    /// gcsfuse's threads at the previous sample.
+    cpu: CpuWatch,
 }
 
 impl DataPath for HandoffPath {
@@ -106,6 +108,7 @@ impl DataPath for HandoffPath {
             diag,
             diag_failed,
             judge: handoff::tcp::Judge::default(),
+            cpu: CpuWatch::default(),
         };
         hp.sample();
         Ok(hp)
@@ -159,14 +162,17 @@ impl DataPath for HandoffPath {
 }
 
 impl HandoffPath {
-    /// Reads gcsfuse's counters into the watch and schedules the next read.
+    /// Reads gcsfuse's counters and its threads into the watch and schedules the next read.
     fn sample(&mut self) {
         let now = Instant::now();
         let io = read_io(self.pid);
-        let moved = match (self.watch.last(), io) {
-            (Some(a), Some(b)) => a.moved_to(&b),
-            (a, b) => a.is_some() != b.is_some(),
-        };
+        let cpu = read_cpu(self.pid);
+        let ran = self.cpu.busy(cpu);
+        let moved = ran
+            || match (self.watch.last(), io) {
+                (Some(a), Some(b)) => a.moved_to(&b),
+                (a, b) => a.is_some() != b.is_some(),
+            };
         // Only while the counters stand still does a connection waiting count. With a tie hold
         // (a window under 2 s), every sample judges the connections, since a tie is told from
         // the socket's previous sample; without one, they are read only when it counts.
@@ -180,9 +186,10 @@ impl HandoffPath {
             self.awaiting_answer()
         };
         if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
-            tracing::debug!(io = ?io, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
+            tracing::debug!(io = ?io, cpu = ?cpu, ran, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
         }
-        self.watch.sample_with(now, io, awaiting);
+        tracing::trace!(io = ?io, cpu = ?cpu, ran, awaiting, "handoff: sample");
+        self.watch.sample_with(now, io, awaiting || ran);
         self.next_sample = now + self.opts.sample_every;
     }
 
@@ -207,6 +214,7 @@ impl HandoffPath {
         }
         match diag.established() {
             Ok(socks) => {
+                tracing::trace!(sockets = ?socks.iter().filter(|s| owned.contains(&s.inode)).collect::<Vec<_>>(), "handoff: gcsfuse's connections");
                 let hold = handoff::tcp::tie_hold_ms(self.watch.window().as_millis() as u64);
                 let waiting = self.judge.waiting(&socks, &owned, hold);
                 if !waiting.is_empty() {
@@ -428,6 +436,30 @@ impl Diag {
 /// gcsfuse's counters now (`None` when `/proc/PID/io` cannot be read or parsed).
 fn read_io(pid: i32) -> Option<IoSample> {
     IoSample::parse(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// gcsfuse's threads now, from `/proc/PID/task/*/schedstat` and `stat` (`None` when the
+/// task list or a live thread's `schedstat` cannot be read: a kernel without
+/// `CONFIG_SCHED_INFO`; a thread that ended between the list and its read is left out).
+fn read_cpu(pid: i32) -> Option<CpuSample> {
+    let mut sample = CpuSample::default();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let dir = task.path();
+        let on_cpu = match std::fs::read_to_string(dir.join("schedstat")) {
+            Ok(text) => CpuSample::parse_schedstat(&text)?,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+            Err(_) => return None,
+        };
+        let state = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|t| CpuSample::parse_state(&t));
+        sample.add_thread(on_cpu, state);
+    }
+    Some(sample)
 }
 
 /// The end of a hand-off: the summary (from the record and the machine) and how drainfs
