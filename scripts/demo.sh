@@ -5,13 +5,16 @@
 #   scripts/demo.sh --with-drainfs     with drainfs only
 #   scripts/demo.sh --without-drainfs  the same workload on the bare FUSE client, stopped the way
 #                                      GKE's sidecar stops gcsfuse today
-#   scripts/demo.sh --managed          only the second act: GKE's managed sidecar, stock vs relay
+#   scripts/demo.sh --managed          only the second act: GKE's managed sidecar, stock vs the
+#                                      hand-off vs the relay
 #
 # Second act (also run by default): the managed-sidecar arrangement. fake-node-driver (the test
 # suite's stand-in for GKE's CSI node driver) mounts a volume with fd=N and hands the fd over the
 # sidecar's unix socket to the REAL sidecar mounter, which runs as uid 65534 with no capabilities
-# and execs `--gcsfuse-path`: stock (the real gcsfuse) or the relay (drainfs as the gcsfuse
-# drop-in, the real gcsfuse behind it). The workload runs and exits; then the stop comes the
+# and execs `--gcsfuse-path`: stock (the real gcsfuse), the hand-off (drainfs as the gcsfuse
+# drop-in, its default: the real gcsfuse gets the kernel's fd and serves it, drainfs owns only
+# the stop) or the relay (drainfs as the drop-in with `drainfs-mode=relay`, in the data path, the
+# real gcsfuse behind it). The workload runs and exits; then the stop comes the
 # GKE way: SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE), or the exit file the sidecar polls
 # every 5 s (a regular sidecar container). Printed side by side: time from the stop to the
 # sidecar's exit, the objects in the bucket, gcsfuse's end, the lines of the sidecar's error file.
@@ -533,7 +536,7 @@ run_without_drainfs() {
 # ---------------------------------------------------------------- second act: GKE's managed sidecar
 
 # managed_run NAME STOP GCSFUSE: one run through the real sidecar mounter. STOP: native |
-# exit-file; GCSFUSE: stock | relay. Appends a row to MANAGED_ROWS.
+# exit-file; GCSFUSE: stock | handoff | relay. Appends a row to MANAGED_ROWS.
 MANAGED_ROWS=()
 managed_run() {
     local name="$1" stop="$2" how="$3" d="$WORK/managed-$1" port opts=() gpath env=() end
@@ -555,12 +558,14 @@ managed_run() {
         disable-metrics-for-gke:true logging:format:text; do
         opts+=("--mount-option=$o")
     done
-    if [ "$how" = relay ]; then
+    if [ "$how" != stock ]; then
         mkdir -p "$d/dropin"
         ln -sfn "$DRAINFS" "$d/dropin/gcsfuse"   # drainfs runs as the gcsfuse drop-in by its name
         gpath="$d/dropin/gcsfuse"
-        env=(DRAINFS_REAL_GCSFUSE="$LOWERS_BIN/gcsfuse" DRAINFS_SUMMARY_FILE="$var/summary.json"
-            DRAINFS_SOCKET_BUFFER=212992 DRAINFS_DROPIN_MODE=relay)
+        env=(DRAINFS_REAL_GCSFUSE="$LOWERS_BIN/gcsfuse" DRAINFS_SUMMARY_FILE="$var/summary.json")
+        # The hand-off is the drop-in's default; the relay is chosen per volume (a user writes
+        # drainfs-mode=relay in mountOptions) and runs with the kernel's default socket buffer.
+        [ "$how" = relay ] && env+=(DRAINFS_SOCKET_BUFFER=212992 DRAINFS_DROPIN_MODE=relay)
     else
         gpath="$LOWERS_BIN/gcsfuse"
     fi
@@ -605,22 +610,28 @@ run_managed() {
     say ""
     say "=== Second act: GKE's managed sidecar (the real sidecar mounter v1.24.4, uid 65534, no capabilities)"
     say "  the node-driver stand-in mounts the volume with fd=N and hands the fd over the sidecar's socket;"
-    say "  the sidecar mounter execs --gcsfuse-path: stock = gcsfuse, relay = drainfs as the gcsfuse drop-in"
-    say "  (real gcsfuse behind it). The workload runs to its end, then the stop comes the GKE way."
+    say "  the sidecar mounter execs --gcsfuse-path: stock = gcsfuse; handoff = drainfs as the gcsfuse"
+    say "  drop-in (its default: gcsfuse serves the kernel's fd, drainfs ends it once idle); relay = the"
+    say "  drop-in with drainfs-mode=relay (in the data path). The workload runs to its end, then the stop"
+    say "  comes the GKE way, at once: the hand-off then waits out its idle window after the last I/O."
     managed_run stock-native native stock
+    managed_run handoff-native native handoff
     managed_run relay-native native relay
     managed_run stock-exit-file exit-file stock
+    managed_run handoff-exit-file exit-file handoff
     managed_run relay-exit-file exit-file relay
     say ""
-    printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' run stop "stop -> sidecar exit" objects "gcsfuse's end" errors "drainfs"
+    printf '  %-18s %-10s %-28s %-16s %-22s %-6s %s\n' run stop "stop -> sidecar exit" objects "gcsfuse's end" errors "drainfs"
     local r
     for r in "${MANAGED_ROWS[@]}"; do
         IFS='|' read -r a b c e f g h <<<"$r"
-        printf '  %-16s %-10s %-28s %-16s %-22s %-6s %s\n' "$a" "$b" "$c" "$e" "$f" "$g" "$h"
+        printf '  %-18s %-10s %-28s %-16s %-22s %-6s %s\n' "$a" "$b" "$c" "$e" "$f" "$g" "$h"
     done
     say "  (stop: native = SIGTERM to the sidecar (NATIVE_SIDECAR=TRUE); exit-file = <base>/exit, polled"
     say "   every 5 s. The sidecar mounter SIGKILLs its child 5 s after its SIGTERM. errors: lines in the"
-    say "   sidecar's error file, which the node driver reports as mount errors. drainfs: its exit code)"
+    say "   sidecar's error file, which the node driver reports as mount errors. drainfs: its exit code"
+    say "   and outcome: the hand-off's is idle (it saw gcsfuse idle; it counts no request), the relay's"
+    say "   clean (every request counted, nothing open, nothing failed))"
 }
 
 # ---------------------------------------------------------------- go
