@@ -203,17 +203,26 @@ impl StuckReader {
     }
 
     /// Asserts that the read is stuck: in `read(2)` within 10 s and still there 500 ms later.
-    pub fn assert_stuck(&self) {
-        assert!(
-            crate::wait::wait_until(std::time::Duration::from_secs(10), || self.in_read()),
-            "the reader is not in read(2)"
-        );
+    /// A read that returned is reported with its result.
+    pub fn assert_stuck(self) -> StuckReader {
+        if !crate::wait::wait_until(std::time::Duration::from_secs(10), || {
+            self.in_read() || self.thread.is_finished()
+        }) || self.thread.is_finished()
+        {
+            let syscall = fs::read_to_string(format!("/proc/self/task/{}/syscall", self.tid))
+                .unwrap_or_default();
+            if self.thread.is_finished() {
+                panic!("the read returned instead of waiting: {:?}", self.join());
+            }
+            panic!("the reader is not in read(2) after 10 s: its syscall is {syscall:?}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(500));
         assert!(
             !self.thread.is_finished(),
             "the read returned (its thread finished)"
         );
         assert!(self.in_read(), "the reader left read(2) without returning");
+        self
     }
 
     /// The read's result.

@@ -1148,8 +1148,7 @@ fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
     assert_eq!(size.ok(), Some(data.len() as u64), "r.bin through drainfs");
     s.server.signal(Signal::SIGSTOP);
     // The read waits in gcsfuse for the stopped server.
-    let reader = StuckReader::start(&s.m.path("r.bin"));
-    reader.assert_stuck();
+    let reader = StuckReader::start(&s.m.path("r.bin")).assert_stuck();
     let t = Instant::now();
     s.trigger_exit_file();
     let code = s.wait_exit(Duration::from_secs(30));

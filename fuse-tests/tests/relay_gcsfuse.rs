@@ -866,8 +866,7 @@ fn sidecar_mounter_relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
     write_file(&s.path("r.bin"), &data).unwrap();
     assert_in_bucket(&server, &[("r.bin", &object_of(&data))]);
     let stopped = Stopped::stop(&server);
-    let reader = StuckReader::start(&s.path("r.bin"));
-    reader.assert_stuck();
+    let reader = StuckReader::start(&s.path("r.bin")).assert_stuck();
     let e = s.stop(Duration::from_secs(30));
     eprintln!("sidecar mounter, a READ stuck in gcsfuse: {e}");
     assert!(
