@@ -78,6 +78,7 @@ closed file missing, or an exit code that disagrees with the summary, fails the 
 
 Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled]
                        [--pods N] [--files N] [--kib K] [--pace-ms MS] [--latency-ms MS]
+                       [--handoff-option drainfs-idle-window=1s ...]
 Results: a line per pod, then a side-by-side table (p50/p95) per scenario, with the job scenario's
 exit->Succeeded p50 also as the excess over the floor's when the floor ran;
 $K8S_NODE_WORK/results/drainfs-pods.json.
@@ -195,7 +196,7 @@ class NodeDriver:
 
     VOL = "gcs"
 
-    def __init__(self, stack, base, port):
+    def __init__(self, stack, base, port, extra=()):
         self.target = os.path.join(base, "target")
         self.tmp = os.path.join(base, "gcsfuse-tmp")
         vdir = os.path.join(self.tmp, ".volumes", self.VOL)
@@ -224,7 +225,7 @@ class NodeDriver:
             "implicit-dirs", "uid=1000", "gid=1000",
             f"custom-endpoint=http://localhost:{port}/storage/v1/", "anonymous-access",
             "enable-hns=false", "enable-atomic-rename-object=false", "disable-autoconfig",
-            "disable-metrics-for-gke:true"]}).encode()
+            "disable-metrics-for-gke:true", *extra]}).encode()
         self.handed = threading.Event()
 
         def hand_over():
@@ -260,10 +261,11 @@ class NodeDriver:
         threading.Thread(target=watch, daemon=True).start()
 
 
-def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags):
+def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags, handoff_options=()):
     """GKE's webhook spec: GetNativeSidecarContainerSpec, or for `legacy` GetSidecarContainerSpec
-    (a regular container, first in the list, NATIVE_SIDECAR unset)."""
-    drv = NodeDriver(stack, base, port)
+    (a regular container, first in the list, NATIVE_SIDECAR unset). `handoff_options`: mount
+    options added to the hand-off's volume (as a user writes them in mountOptions)."""
+    drv = NodeDriver(stack, base, port, handoff_options if arr == "handoff" else ())
     app, stamps_vol = workload(name, stamps, files, kib, flags)
     app["volumeMounts"].append({"name": "gcs", "mountPath": "/data"})
     sidecar = {
@@ -644,7 +646,8 @@ def run_pod(arr, i, port, a, scenario):
         elif arr in ("self-managed", "airflow"):
             spec = self_managed_pod(arr, name, port, stamps, a.files, a.kib, scenario, flags)
         else:
-            spec, drv = gke_pod(arr, name, port, stack, base, stamps, a.files, a.kib, scenario, flags)
+            spec, drv = gke_pod(arr, name, port, stack, base, stamps, a.files, a.kib, scenario, flags,
+                                a.handoff_option)
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": "default"}, "spec": spec}
         tmp = os.path.join(WORK, "manifests", f".{name}.yaml")
@@ -734,6 +737,8 @@ def main():
     ap.add_argument("--pace-ms", type=int, default=2000)
     ap.add_argument("--latency-ms", type=int, default=0,
                     help="the bucket's round trip added by toxiproxy (job, legacy, delete; default 0: none)")
+    ap.add_argument("--handoff-option", action="append", default=[],
+                    help="a mount option for the hand-off's volume, e.g. drainfs-idle-window=1s (repeatable)")
     a = ap.parse_args()
     arrs, scens = a.arrangements.split(","), a.scenarios.split(",")
     if (any(x not in IMAGES for x in arrs) or any(x not in SCENARIOS for x in scens)
