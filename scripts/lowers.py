@@ -624,6 +624,35 @@ def objects(kind: str, workdir: str, prefix: str = "", dirs: bool = False) -> di
     return out
 
 
+def delete_objects(kind: str, workdir: str, prefix: str) -> int:
+    """Deletes every object under `prefix` (not empty) from the server's bucket; returns how
+    many. Only for "gcs" and "gcsfuse" (the GCS JSON API). A long run deletes what it has
+    checked: fake-gcs-server's memory backend keeps every object in its memory."""
+    if kind not in ("gcs", "gcsfuse") or not prefix:
+        raise LowersError(f"delete_objects: {kind} {prefix!r}: only gcs/gcsfuse, with a prefix")
+    srv = _server(workdir, kind)
+    port, qb = srv["port"], urllib.parse.quote(srv["bucket"], safe="")
+    names = []
+    token = None
+    while True:
+        q = {"maxResults": "1000", "prefix": prefix}
+        if token:
+            q["pageToken"] = token
+        status, body = http_request(port, "GET", f"/storage/v1/b/{qb}/o?" + urllib.parse.urlencode(q))
+        if status != 200:
+            raise LowersError(f"listing {srv['bucket']}: HTTP {status}: {body[:300]!r}")
+        doc = json.loads(body)
+        names += [item["name"] for item in doc.get("items", [])]
+        token = doc.get("nextPageToken")
+        if not token:
+            break
+    for name in names:
+        status, body = http_request(port, "DELETE", f"/storage/v1/b/{qb}/o/{urllib.parse.quote(name, safe='')}")
+        if status not in (200, 204, 404):
+            raise LowersError(f"deleting {name}: HTTP {status}: {body[:300]!r}")
+    return len(names)
+
+
 # ---------------------------------------------------------------- stop
 
 

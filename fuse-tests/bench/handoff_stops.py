@@ -126,6 +126,25 @@ class Ctx:
     pass
 
 
+def meminfo_mib(field):
+    """A /proc/meminfo field in MiB (None when missing)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k == field:
+                return int(v.split()[0]) >> 10
+    return None
+
+
+def rss_mib(pid):
+    """Process `pid`'s resident memory in MiB (None when gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(x.split()[1]) >> 10 for x in f if x.startswith("VmRSS:")), None)
+    except OSError:
+        return None
+
+
 def start_sidecar(ctx, n, tag, arr, stop):
     """fake-node-driver in its CSI mode with the real sidecar mounter running the drop-in
     (the hand-off) or stock gcsfuse; returns (Popen, stdout lines, ready event, reader thread,
@@ -271,6 +290,10 @@ def one_run(ctx, n, scenario, arr, rng):
             p.stdin.close()
         rc = p.wait(60)
         ctx.tracker.reaped(p.pid)
+        # The machine's memory at the run's end, and fake-gcs-server's (memory pressure stalls
+        # every process, gcsfuse too).
+        res["mem_available_mib"] = meminfo_mib("MemAvailable")
+        res["server_rss_mib"] = rss_mib(ctx.server["pid"])
         reader.join(10)
         ex = next((x for x in lines if x.startswith("sidecar exit: ")), "sidecar exit: ? after 0 ms")
         status, _, ms = ex[len("sidecar exit: "):].rpartition(" after ")
@@ -307,6 +330,9 @@ def one_run(ctx, n, scenario, arr, rng):
                 o = objs.get(f"{prefix}/large.bin")
                 res["inflight"] = {"size": big["size"],
                                    "complete": bool(o and o["size"] == big["size"] and o["sha256"] == big["sha256"])}
+        # Checked: off the server, whose memory backend would otherwise hold every run's objects
+        # (24 GB after 266 runs, and then the machine's memory ran out).
+        lowers.delete_objects("gcsfuse", ctx.lowers_dir, prefix + "/")
         return res
     finally:
         if wl is not None and wl.poll() is None:
@@ -531,7 +557,8 @@ def main():
             log(f"run {n + 1}/{a.runs} {scenario} {arr} {[x >> 20 for x in r['sizes']]} MiB: stop {r['stop_ms']:.0f} ms, "
                 f"{r['sidecar_exit']}, {r.get('outcome', '-')}, losses {len(r['silent_losses'])}"
                 + (f", in flight: {'complete' if inflight['complete'] else 'CUT'}, close ended "
-                   f"{r['workload_ended_ms']:.0f} ms after the stop" if inflight else ""))
+                   f"{r['workload_ended_ms']:.0f} ms after the stop" if inflight else "")
+                + f"; memory available {r['mem_available_mib']} MiB, server {r['server_rss_mib']} MiB")
         ok = True
     except (BenchError, lowers.LowersError) as e:
         failures.append(str(e))
