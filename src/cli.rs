@@ -51,7 +51,8 @@ pub enum Command {
     /// Hand the inherited FUSE connection (COMMAND's `/dev/fd/N` argument, as GKE's sidecar
     /// mounter passes it) to COMMAND untouched: start COMMAND with drainfs's own argv,
     /// environment, stdio and fds, stay its parent (it dies with drainfs), and serve nothing.
-    /// On a trigger, wait until COMMAND's I/O counters have stood still for `--idle-window`,
+    /// On a trigger, wait until COMMAND has stood still for `--idle-window` (its I/O counters,
+    /// its threads, its TCP connections),
     /// end it (SIGKILL; SIGTERM first with `--term-wait`) and exit: by SIGTERM after a stop by
     /// SIGTERM with COMMAND idle, and as COMMAND ended when it ended by itself. A COMMAND still
     /// busy is left to the SIGKILL that ends drainfs at the end of the 5 s `--grace-period` (it

@@ -967,8 +967,8 @@ def tail_table(ctx, raw):
                                 f" -> sidecar exit, {len(rs)} runs): {goal}")
                 if stop == "native" and goal != "met" and not ctx.p["tail_stop_delay"]:
                     verdicts.append("(the hand-off ends gcsfuse once its I/O counters stood still for the idle window, "
-                                    "2 s by default, counting stillness before the stop (with a shorter window, 2 s after an "
-                                    "exchange the kernel's timestamps cannot order): a stop right after the last close() waits out "
+                                    "500 ms by default, counting stillness before the stop, and 2 s after an exchange the "
+                                    "kernel's timestamps cannot order: a stop right after the last close() waits out "
                                     "the rest; --tail-stop-delay 2.5 measures a stop with gcsfuse idle; see "
                                     "docs/deploy-gke-managed.md)")
             rows.append([stop, arr if arr != "mount" else "mount (drainfs run)", len(rs), f"{pct_nearest(ms, 0.5):.0f}",

@@ -10,7 +10,7 @@ at random (weights: --mix):
 
 - `native`: the workload writes 1-3 files (1-16 MiB each, each close() returning once
   gcsfuse has uploaded it) and exits; after a random delay (0 to --max-delay, so that some
-  stops fall inside the idle window after the last I/O, 2 s by default) the sidecar mounter
+  stops fall inside the idle window after the last I/O, 500 ms by default, or a tie's 2 s) the sidecar mounter
   gets SIGTERM with NATIVE_SIDECAR=TRUE (a native sidecar once the workload exited);
 - `exit-file`: the same workload, then the regular container's exit file, which the sidecar
   mounter polls every 5 s before it signals the drop-in;
@@ -486,7 +486,7 @@ def main():
     ap.add_argument("--grace-sizes", default="16-160", help="MiB range of the file inside close() at the stop (default 16-160)")
     ap.add_argument("--max-delay", type=float, default=2.5,
                     help="longest delay (s) between the workload's exit and the stop (default 2.5: some stops fall "
-                         "inside the idle window after the last I/O, 2 s by default)")
+                         "inside the idle window after the last I/O, 500 ms by default, or a tie's 2 s)")
     ap.add_argument("--kubelet-kill", type=float,
                     help="grace runs: the kubelet's SIGKILL of the whole sidecar this many seconds after the stop "
                          "(the kubelet gives 2); default: none, so that stock's 5 s and the hand-off's own end are "

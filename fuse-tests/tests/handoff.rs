@@ -32,7 +32,7 @@ fn dropin() -> Gcsfuse {
 }
 
 /// The drop-in's default idle window.
-const IDLE_WINDOW: Duration = Duration::from_secs(2);
+const IDLE_WINDOW: Duration = Duration::from_millis(500);
 
 /// The longest gcsfuse's last exchange can keep it from counting as idle: a tie (its answer in
 /// the request's 4 ms timestamp step, common on loopback) is held 2 s in all.

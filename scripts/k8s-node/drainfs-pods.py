@@ -560,6 +560,10 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         with contextlib.suppress(ValueError):
             summary = json.loads(msg)
         r["outcome"] = summary.get("outcome")
+        # drainfs's own time from its trigger (the SIGTERM it got) to its exit, from its summary.
+        took = (summary.get("timings") or {}).get("exit_ms")
+        if isinstance(took, (int, float)) and not isinstance(took, bool):
+            r["ms"]["drainfs: trigger->exit"] = took
     closed = s.get("closed", files if "job.exit" in s else None)
     if closed is None and scenario == "stalled":
         # SIGKILLed in a close() (stock, relay): every file before the last it began was closed.

