@@ -205,16 +205,26 @@ impl StuckReader {
     /// Asserts that the read is stuck: in `read(2)` within 10 s and still there 500 ms later.
     /// A read that returned is reported with its result.
     pub fn assert_stuck(self) -> StuckReader {
+        self.assert_stuck_noting(String::new)
+    }
+
+    /// [`StuckReader::assert_stuck`], adding `note()` (what the test knows of the state that
+    /// should hold the read, e.g. its server's process state) to a failure.
+    pub fn assert_stuck_noting(self, note: impl Fn() -> String) -> StuckReader {
         if !crate::wait::wait_until(std::time::Duration::from_secs(10), || {
             self.in_read() || self.thread.is_finished()
         }) || self.thread.is_finished()
         {
             let syscall = fs::read_to_string(format!("/proc/self/task/{}/syscall", self.tid))
                 .unwrap_or_default();
+            let note = note();
             if self.thread.is_finished() {
-                panic!("the read returned instead of waiting: {:?}", self.join());
+                panic!(
+                    "the read returned instead of waiting: {:?} ({note})",
+                    self.join()
+                );
             }
-            panic!("the reader is not in read(2) after 10 s: its syscall is {syscall:?}");
+            panic!("the reader is not in read(2) after 10 s: its syscall is {syscall:?} ({note})");
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
         assert!(

@@ -29,7 +29,7 @@ use common::{close, open, pattern};
 use fuse_tests::fileops::{SharedMap, StuckReader};
 use fuse_tests::harness::{MountOpts, Mounted, is_mounted, make_dirs, wait_until};
 use fuse_tests::lowers::{Kind, Object, Server, lowers_py, object_of, require_installed};
-use fuse_tests::process::{cmdline, kill_leftovers, pid_alive};
+use fuse_tests::process::{cmdline, kill_leftovers, pid_alive, proc_status_field};
 use fuse_tests::stack::{Stack, StackOpts, in_close, serial, write_file};
 use fuse_tests::wait::summary_at;
 use nix::sys::signal::Signal;
@@ -1147,8 +1147,16 @@ fn a_read_stuck_in_gcsfuse_at_the_stop(passthrough: &str, want: i32) {
     let size = std::fs::metadata(s.m.path("r.bin")).map(|m| m.len());
     assert_eq!(size.ok(), Some(data.len() as u64), "r.bin through drainfs");
     s.server.signal(Signal::SIGSTOP);
+    let server = s.server.pid;
+    let state = move || proc_status_field(server, "State").unwrap_or_else(|| "gone".into());
+    assert!(
+        wait_until(Duration::from_secs(5), || state().starts_with('T')),
+        "fake-gcs-server (pid {server}) did not stop: {}",
+        state()
+    );
     // The read waits in gcsfuse for the stopped server.
-    let reader = StuckReader::start(&s.m.path("r.bin")).assert_stuck();
+    let reader = StuckReader::start(&s.m.path("r.bin"))
+        .assert_stuck_noting(|| format!("fake-gcs-server pid {server}: {}", state()));
     let t = Instant::now();
     s.trigger_exit_file();
     let code = s.wait_exit(Duration::from_secs(30));
