@@ -191,15 +191,22 @@ impl CpuWatch {
 /// When gcsfuse's I/O counters last moved, from samples read at known times.
 ///
 /// A change is dated at the sample that showed it (it happened at most one sampling
-/// interval earlier), so the stillness measured is never longer than the real one. The first
-/// sample counts as a change (nothing is known before it), and so does a sample that could
-/// not be read: while the counters cannot be read, gcsfuse is never idle. Changes below
-/// [`NOISE_BYTES`] are not activity ([`IoSample::moved_to`]).
+/// interval earlier; the executor dates a sample when its last read is done, not when it
+/// began), and stillness runs only to the last sample read, never to "now": gcsfuse is idle
+/// once a sample taken a whole window after the last change still shows none. So the
+/// stillness measured is never longer than the stillness seen, however late a sample or a
+/// decision comes (a drainfs descheduled for 750 ms in the middle of a sample, under
+/// `stress-ng --cpu 2`, once took a sample begun before a request waited and read after it
+/// for 749 ms of stillness). The first sample counts as a change (nothing is known before it),
+/// and so does a sample that could not be read: while the counters cannot be read, gcsfuse is
+/// never idle. Changes below [`NOISE_BYTES`] are not activity ([`IoSample::moved_to`]).
 #[derive(Debug, Clone)]
 pub struct IdleWatch {
     window: Duration,
     last: Option<IoSample>,
     moved_at: Option<Instant>,
+    /// When the last sample was read.
+    last_at: Option<Instant>,
     unreadable: u64,
 }
 
@@ -210,6 +217,7 @@ impl IdleWatch {
             window,
             last: None,
             moved_at: None,
+            last_at: None,
             unreadable: 0,
         }
     }
@@ -247,6 +255,7 @@ impl IdleWatch {
             self.moved_at = Some(now);
         }
         self.last = s;
+        self.last_at = Some(now);
     }
 
     /// The last sample (`None` before the first, or when it could not be read).
@@ -259,22 +268,23 @@ impl IdleWatch {
         self.unreadable
     }
 
-    /// How long the counters have stood still at `now` (zero before the first sample, or
-    /// while the last sample could not be read).
+    /// How long the counters were seen to stand still by `now`: from the last change to the
+    /// last sample read by then, not to `now` (zero before the first sample, or while the last
+    /// sample could not be read).
     pub fn still_for(&self, now: Instant) -> Duration {
-        match (self.last, self.moved_at) {
-            (Some(_), Some(t)) => now.saturating_duration_since(t),
+        match (self.last, self.moved_at, self.last_at) {
+            (Some(_), Some(t), Some(seen)) => seen.min(now).saturating_duration_since(t),
             _ => Duration::ZERO,
         }
     }
 
-    /// Whether the counters have stood still for the whole window at `now`.
+    /// Whether the counters were seen to stand still for the whole window by `now`.
     pub fn is_idle(&self, now: Instant) -> bool {
         self.last.is_some() && self.still_for(now) >= self.window
     }
 
-    /// When gcsfuse becomes idle if nothing moves: the last change plus the window (`None`
-    /// while the last sample could not be read).
+    /// When gcsfuse becomes idle if nothing moves: the last change plus the window, to be
+    /// confirmed by a sample read then (`None` while the last sample could not be read).
     pub fn idle_at(&self) -> Option<Instant> {
         self.last?;
         self.moved_at.map(|t| t + self.window)

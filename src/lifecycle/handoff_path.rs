@@ -162,9 +162,9 @@ impl DataPath for HandoffPath {
 }
 
 impl HandoffPath {
-    /// Reads gcsfuse's counters and its threads into the watch and schedules the next read.
+    /// Reads gcsfuse's counters, its threads and its connections into the watch, dated when
+    /// the reads are done, and schedules the next read.
     fn sample(&mut self) {
-        let now = Instant::now();
         let io = read_io(self.pid);
         let cpu = read_cpu(self.pid);
         let ran = self.cpu.busy(cpu);
@@ -185,6 +185,8 @@ impl HandoffPath {
         } else {
             self.awaiting_answer()
         };
+        // The sample is dated when its last read is done: what it saw held then.
+        let now = Instant::now();
         if (moved || awaiting) && self.watch.still_for(now) >= self.opts.sample_every {
             tracing::debug!(io = ?io, cpu = ?cpu, ran, awaiting, after_still_ms = self.watch.still_for(now).as_millis() as u64, "handoff: gcsfuse is active");
         }
