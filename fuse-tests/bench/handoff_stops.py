@@ -34,8 +34,11 @@ than stock when it did not complete and the hand-off ended gcsfuse before stock 
 SIGKILLed, and drainfs left no final summary) ended gcsfuse at stock's moment: since 4b4c922
 drainfs leaves a busy gcsfuse to that SIGKILL instead of ending it at 4.5 s; such runs are
 counted apart, with how many of their uploads were cut. Any other hand-off run without a final
-summary counts as cut shorter when its upload did not complete. Exit status 1 on any silent
-loss, any shorter cut or any failed run, else 0.
+summary counts as cut shorter when its upload did not complete. Also counted: uploads the
+hand-off took for idle (its summary's `timings.idle_ms`) before the workload's close() ended,
+complete or not (an upload whose last request had reached the server completes anyway).
+Exit status 1 on any silent loss, any shorter cut, any such early idle or any failed run,
+else 0.
 
 The real kubelet SIGKILLs the whole sidecar container 2 s after its SIGTERM at the grace
 period's end, which cuts stock and the hand-off alike; by default these runs leave that out,
@@ -306,6 +309,8 @@ def one_run(ctx, n, scenario, arr, rng):
                     s = json.load(f)
                 res["outcome"], res["idle"], res["still_ms"] = s.get("outcome"), s.get("idle"), s.get("still_ms")
                 res["gcsfuse_exited_ms"] = (s.get("timings") or {}).get("gcsfuse_exited_ms")
+                # When drainfs decided gcsfuse was idle (ms after its SIGTERM).
+                res["idle_ms"] = (s.get("timings") or {}).get("idle_ms")
             except (OSError, ValueError):
                 # SIGKILLed (the sidecar mounter's SIGKILL at 5 s with gcsfuse still busy, or
                 # --kubelet-kill), or a failure: see the log
@@ -414,6 +419,12 @@ def report(ctx, runs, failures):
     by_kubelet = {arr: sum(1 for r in rs if r.get("killed_by_kubelet") and not r["inflight"]["complete"])
                   for arr, rs in (("stock", stock_in), ("handoff", hand_in))}
     cut_idle = [r for r in hand_in if not r["inflight"]["complete"] and r.get("idle")]
+    # Idle too early, complete or not: drainfs decided gcsfuse was idle before the killed
+    # workload's close() ended (its FLUSH was still in gcsfuse's hands). An upload whose last
+    # request had already reached the server still completes; the decision was wrong all the
+    # same. The drop-in's SIGTERM and the workload's SIGKILL are sent together (t_stop).
+    early = [r for r in hand_in if r.get("idle_ms") is not None and r.get("workload_ended_ms") is not None
+             and r["idle_ms"] < r["workload_ended_ms"]]
     losses = sum(len(r["silent_losses"]) for r in runs)
     out.append("")
     out.append(f"silent losses: {losses} in {len(runs)} runs"
@@ -422,6 +433,10 @@ def report(ctx, runs, failures):
                + (": " + ", ".join(f"run {r['run']} ({r['inflight']['size'] >> 20} MiB, gcsfuse ended at "
                                    f"{r.get('gcsfuse_exited_ms')} ms, {r.get('outcome')})" for r in shorter) if shorter else ""))
     out.append(f"of which the hand-off took gcsfuse for idle (idle window) while the upload was still running: {len(cut_idle)}")
+    out.append(f"uploads in flight the hand-off took for idle before the workload's close() ended (complete or not): "
+               f"{len(early)} of {len(hand_in)}"
+               + (": " + ", ".join(f"run {r['run']} (idle at {r['idle_ms']} ms, close ended at {r['workload_ended_ms']:.0f} ms, "
+                                   f"{'complete' if r['inflight']['complete'] else 'CUT'})" for r in early) if early else ""))
     out.append(f"hand-off runs whose gcsfuse was still busy at the sidecar mounter's SIGKILL (5 s, as stock's): "
                f"{len(by_sidecar)}, of which the upload was cut: "
                f"{sum(1 for r in by_sidecar if not r['inflight']['complete'])}")
@@ -429,7 +444,7 @@ def report(ctx, runs, failures):
         out.append(f"cut by the kubelet's SIGKILL {ctx.kubelet_kill:g} s after the stop (the whole sidecar, as for stock): "
                    f"stock {by_kubelet['stock']}, handoff {by_kubelet['handoff']}")
     out.append(f"failed runs: {len(failures)}" + ("".join(f"\n  {x}" for x in failures) if failures else ""))
-    ok = not losses and not shorter and not failures
+    ok = not losses and not shorter and not early and not failures
     out.append("RESULT: " + ("ok" if ok else "FAILED"))
     return out, ok
 
