@@ -3,9 +3,10 @@
 //! (`/dev/fd/N`) untouched, closes its own copy of that fd, and stays its parent (it dies
 //! with drainfs: [`crate::procs::die_with_parent`]). gcsfuse holds the kernel's connection
 //! itself, so the door, the counts and the drain are empty: the machine tears down as soon
-//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io` every
-//! `sample_every` ([`IdleWatch`]); the teardown waits until the counters have stood still for
-//! the idle window, then ends gcsfuse (SIGKILL, or SIGTERM and SIGKILL after `term_wait`:
+//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io`, its threads
+//! (`/proc/PID/task/*`, [`CpuWatch`]) and its TCP connections (`sock_diag`) every
+//! `sample_every` ([`IdleWatch`]); the teardown waits until a sample shows that none of them
+//! has moved for the idle window, then ends gcsfuse (SIGKILL, or SIGTERM and SIGKILL after `term_wait`:
 //! gcsfuse v3.11.2 cannot unmount a `/dev/fd/N` mount, so it would serve on for 30 s) and
 //! reaps it. A gcsfuse still busy is left to the SIGKILL that ends drainfs at the grace
 //! period's end (the sidecar mounter's, 5 s after its SIGTERM), as the stock sidecar leaves
