@@ -108,9 +108,11 @@ impl IoSample {
 }
 
 /// gcsfuse's threads as the scheduler sees them, over `/proc/PID/task/*`: their time on a CPU
-/// summed (`schedstat`'s first field, ns; Linux's `CONFIG_SCHED_INFO`, on in Debian's, COS's
-/// and Ubuntu's kernels), and how many of them were runnable (`R`) or in an uninterruptible
-/// wait (`D`, a disk write of a staged file, for example) when read (`stat`'s state).
+/// summed (`schedstat`'s first field, ns; it needs Linux's `CONFIG_SCHED_INFO`, on in this
+/// machine's Debian 6.18 kernel; where it is missing the read fails and the I/O counters and
+/// the connections decide alone), and how many of them were runnable (`R`) or in an
+/// uninterruptible wait (`D`, a disk write of a staged file, for example) when read (`stat`'s
+/// state).
 ///
 /// A gcsfuse that computes without a system call (a checksum, a CPU it waits for under load)
 /// moves no counter of `/proc/PID/io`; this shows it.
