@@ -67,11 +67,24 @@ pub fn tie_hold_ms(window_ms: u64) -> u32 {
     u64::from(TIE_PROTECT_MS).saturating_sub(window_ms) as u32
 }
 
+/// Where a socket is, for an exact lookup ([`lookup_request`]): its address family and its
+/// `struct inet_diag_sockid` as the kernel gave it (48 bytes: ports, addresses, interface and
+/// cookie; the cookie makes the lookup find this socket and no later one on the same ports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiagKey {
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// The `inet_diag_sockid`, bytes 4..52 of its `inet_diag_msg`.
+    pub id: [u8; 48],
+}
+
 /// One established TCP socket of the dump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSock {
     /// Its inode (as `/proc/PID/fd/N` shows it: `socket:[INODE]`).
     pub inode: u32,
+    /// Where it is, to look it up again without a dump.
+    pub key: DiagKey,
     /// Milliseconds since it last sent data.
     pub last_data_sent_ms: u32,
     /// Milliseconds since it last received data.
@@ -176,6 +189,25 @@ pub fn dump_request(family: u8, seq: u32) -> Vec<u8> {
     b
 }
 
+/// The `SOCK_DIAG_BY_FAMILY` request for the one socket at `key` (no dump: the kernel looks
+/// it up in its hash tables, `inet_diag_find_one_icsk`, instead of walking every TCP socket
+/// of the machine), with `INET_DIAG_INFO`. Its reply is one `inet_diag_msg`, or an
+/// `NLMSG_ERROR` (`ENOENT` once the socket is gone), read with [`parse_dump`].
+pub fn lookup_request(key: &DiagKey, seq: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + 56);
+    let len: u32 = 16 + 56;
+    b.extend_from_slice(&len.to_ne_bytes());
+    b.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    // NLM_F_REQUEST.
+    b.extend_from_slice(&0x1u16.to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    b.extend_from_slice(&[key.family, 6, 1 << (INET_DIAG_INFO - 1), 0]);
+    b.extend_from_slice(&u32::MAX.to_ne_bytes());
+    b.extend_from_slice(&key.id);
+    b
+}
+
 /// What one `recv` of the dump held: its sockets, and whether the dump is over (`NLMSG_DONE`).
 ///
 /// # Errors
@@ -224,6 +256,10 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
         return None;
     }
     let inode = u32_at(msg, 68)?;
+    let key = DiagKey {
+        family: *msg.first()?,
+        id: msg.get(4..52)?.try_into().ok()?,
+    };
     let mut off = 72;
     while off + 4 <= msg.len() {
         let len = u16::from_ne_bytes([msg[off], msg[off + 1]]) as usize;
@@ -235,6 +271,7 @@ fn parse_diag_msg(msg: &[u8]) -> Option<TcpSock> {
             let info = &msg[off + 4..off + len];
             return Some(TcpSock {
                 inode,
+                key,
                 last_data_sent_ms: u32_at(info, LAST_DATA_SENT)?,
                 last_data_recv_ms: u32_at(info, LAST_DATA_RECV)?,
                 last_ack_recv_ms: u32_at(info, LAST_ACK_RECV)?,
@@ -343,6 +380,10 @@ mod tests {
     fn sock(sent: u32, recv: u32, ack: u32, segs: Option<(u32, u32)>) -> TcpSock {
         TcpSock {
             inode: 1,
+            key: DiagKey {
+                family: 2,
+                id: [0; 48],
+            },
             last_data_sent_ms: sent,
             last_data_recv_ms: recv,
             last_ack_recv_ms: ack,
@@ -380,6 +421,39 @@ mod tests {
                 ..idle
             }]
         );
+    }
+
+    /// The dump gives each socket's family and `inet_diag_sockid`; the lookup asks for that
+    /// socket alone (no `NLM_F_DUMP`), with the id and its cookie as given.
+    #[test]
+    fn a_socket_of_the_dump_is_looked_up_again_by_its_id() {
+        let mut m = diag_full(21, TCP_ESTABLISHED, (900, 3, 3), Some((5, 5)));
+        m[0] = 10;
+        for (i, b) in m[4..52].iter_mut().enumerate() {
+            *b = i as u8 + 1;
+        }
+        let (socks, _) = parse_dump(&nlmsg(SOCK_DIAG_BY_FAMILY, &m)).unwrap();
+        let key = socks[0].key;
+        assert_eq!(key.family, 10);
+        assert_eq!(&key.id[..], &m[4..52]);
+        let req = lookup_request(&key, 7);
+        assert_eq!(req.len(), 72);
+        assert_eq!(u32::from_ne_bytes(req[0..4].try_into().unwrap()), 72);
+        assert_eq!(
+            u16::from_ne_bytes(req[4..6].try_into().unwrap()),
+            SOCK_DIAG_BY_FAMILY
+        );
+        assert_eq!(u16::from_ne_bytes(req[6..8].try_into().unwrap()), 0x1);
+        assert_eq!(u32::from_ne_bytes(req[8..12].try_into().unwrap()), 7);
+        assert_eq!(&req[16..20], &[10, 6, 1 << (INET_DIAG_INFO - 1), 0]);
+        assert_eq!(&req[24..72], &m[4..52]);
+        // The dump request differs in its flags (a dump) and its zero id.
+        let dump = dump_request(10, 7);
+        assert_eq!(u16::from_ne_bytes(dump[6..8].try_into().unwrap()), 0x301);
+        assert_eq!(&dump[24..72], &[0u8; 48][..]);
+        // The lookup's reply when the socket is gone.
+        let gone = nlmsg(NLMSG_ERROR, &(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(parse_dump(&gone), Err(libc::ENOENT));
     }
 
     #[test]
