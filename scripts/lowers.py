@@ -355,9 +355,18 @@ def _tail(path: str, n: int = 20) -> str:
 
 
 def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
-                 timeout: float = 60.0) -> dict:
+                 timeout: float = 60.0, tls: tuple[str, str] | None = None,
+                 public_port: int | None = None) -> dict:
+    """Starts the fake server of `kind` and records it in workdir's state. For kind gcsfuse,
+    `tls` = (certificate, private key) PEM paths serves HTTPS too (`-scheme both`: HTTPS on
+    `tls_port`, plain HTTP on `port` for this module's own requests), and `public_port` is the
+    port of a proxy in front of it: the endpoint gcsfuse gets (`gcs_endpoint`) and the upload
+    URLs the server hands out name localhost:`public_port`, so that every request of gcsfuse
+    goes through the proxy. Raises LowersError when the server does not answer."""
     if kind not in KINDS:
         raise LowersError(f"unknown kind {kind!r}")
+    if (tls or public_port) and kind != "gcsfuse":
+        raise LowersError("tls and public_port are for the gcsfuse kind only")
     workdir = os.path.abspath(workdir)
     state = load_state(workdir)
     old = state["servers"].get(kind)
@@ -380,10 +389,16 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
         elif kind == "gcsfuse":
             # -public-host: gcsfuse reads objects through the XML path on the endpoint's host,
             # which the fake serves only when the Host header matches (REAL-PEERS.md §2.4).
-            argv = [binary("fake-gcs-server"), "-scheme", "http", "-host", "127.0.0.1",
-                    "-port", str(port), "-backend", "memory",
-                    "-public-host", f"localhost:{port}",
-                    "-external-url", f"http://localhost:{port}", "-log-level", "warn"]
+            scheme, public = "http", public_port or port
+            argv = [binary("fake-gcs-server"), "-host", "127.0.0.1", "-backend", "memory"]
+            if tls:
+                scheme, tls_port = "https", free_port()
+                argv += ["-scheme", "both", "-port", str(tls_port), "-port-http", str(port),
+                         "-cert-location", tls[0], "-private-key-location", tls[1]]
+            else:
+                argv += ["-scheme", "http", "-port", str(port)]
+            argv += ["-public-host", f"localhost:{public}",
+                     "-external-url", f"{scheme}://localhost:{public}", "-log-level", "warn"]
             ready_path = "/storage/v1/b"
         else:
             argv = [binary("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
@@ -425,6 +440,10 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
         "endpoint": f"http://127.0.0.1:{port}",
         "log": log_path,
     }
+    if kind == "gcsfuse":
+        info["gcs_endpoint"] = f"{scheme}://localhost:{public}/storage/v1/"
+        if tls:
+            info["tls_port"] = tls_port
     with state_lock(workdir):
         state = load_state(workdir)
         state["servers"][kind] = info
@@ -458,8 +477,8 @@ def mount_argv(kind: str, workdir: str, mountpoint: str, log: str | None = None,
     srv = _server(workdir, kind)
     extra = list(extra or [])
     if kind == "gcsfuse":
-        argv = [binary("gcsfuse"), *GCSFUSE_FLAGS,
-                f"--custom-endpoint=http://localhost:{srv['port']}/storage/v1/",
+        endpoint = srv.get("gcs_endpoint") or f"http://localhost:{srv['port']}/storage/v1/"
+        argv = [binary("gcsfuse"), *GCSFUSE_FLAGS, f"--custom-endpoint={endpoint}",
                 "--log-format=text"]
         if log:
             argv += [f"--log-file={log}", "--log-severity=info"]

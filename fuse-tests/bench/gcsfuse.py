@@ -89,6 +89,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -235,8 +236,101 @@ class CpuLimit:
         self.made = []
 
 
+class Wan:
+    """The bucket as a cloud VM reaches Cloud Storage (--wan RTT_MS,MIBPS): fake-gcs-server
+    serving HTTPS (a certificate made here for localhost, trusted by gcsfuse through
+    SSL_CERT_FILE, which Go's crypto/x509 reads on Linux; the sidecar mounter passes its
+    environment on to gcsfuse), behind toxiproxy (scripts/k8s-node/install.sh's `toxiproxy`
+    step, v2.5.0 from its Go module) adding `rtt_ms` of round trip (a latency toxic of half of it
+    in each direction) and capping each connection at `mibps` MiB/s in each direction (a
+    bandwidth toxic per direction; toxiproxy runs every toxic per connection). The server's
+    upload URLs name the proxy's port, so every request goes through it. toxiproxy and
+    fake-gcs-server run outside the targets' CPU limits; their CPU-seconds are reported."""
+
+    def __init__(self, spec, toxiproxy):
+        try:
+            rtt, mibps = (float(x) for x in spec.split(","))
+        except ValueError:
+            raise BenchError(f"--wan takes RTT_MS,MIBPS (e.g. 10,100), not {spec!r}") from None
+        if rtt < 0 or mibps <= 0:
+            raise BenchError(f"--wan: the round trip must be >= 0 ms and the bandwidth > 0 MiB/s, not {spec!r}")
+        if not os.access(toxiproxy, os.X_OK):
+            raise BenchError(f"no toxiproxy-server at {toxiproxy} (bash scripts/k8s-node/install.sh toxiproxy)")
+        self.rtt_ms, self.mibps, self.toxiproxy = rtt, mibps, toxiproxy
+        self.proc = None
+
+    def describe(self):
+        return (f"HTTPS through toxiproxy: {self.rtt_ms:g} ms of round trip added, {self.mibps:g} MiB/s per "
+                f"connection each way")
+
+    def certificate(self, work):
+        """A self-signed certificate for localhost and 127.0.0.1 (cert, key), readable by uid
+        65534 (the sidecar's gcsfuse reads SSL_CERT_FILE)."""
+        d = os.path.join(work, "tls")
+        os.makedirs(d, mode=0o755)
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                            "-keyout", key, "-out", cert], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r.returncode != 0:
+            raise BenchError("openssl: " + r.stdout.decode(errors="replace"))
+        os.chmod(cert, 0o644)
+        return cert, key
+
+    def start(self, ctx):
+        """Starts fake-gcs-server (HTTPS) and toxiproxy in front of it; returns the server's
+        lowers record (gcs_endpoint = the proxy)."""
+        # A private copy under the work dir: gcsfuse.sh's trap ends only processes whose
+        # command line names it.
+        toxiproxy = os.path.join(ctx.work, "bin", "toxiproxy-server")
+        shutil.copy2(self.toxiproxy, toxiproxy)
+        cert, key = self.certificate(ctx.work)
+        os.environ["SSL_CERT_FILE"] = cert
+        proxy, api = lowers.free_port(), lowers.free_port()
+        server = lowers.start_server("gcsfuse", ctx.lowers_dir, tls=(cert, key), public_port=proxy)
+        ctx.tracker.add(server["pid"])
+        logf = open(os.path.join(ctx.logs, "toxiproxy.log"), "wb")
+        self.proc = subprocess.Popen([toxiproxy, "-host", "127.0.0.1", "-port", str(api)], stdin=subprocess.DEVNULL,
+                                     stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        logf.close()
+        ctx.tracker.add(self.proc.pid)
+
+        def api_ok():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{api}/version", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(api_ok, 30, "toxiproxy's API", self.proc, os.path.join(ctx.logs, "toxiproxy.log"))
+
+        def post(path, body):
+            req = urllib.request.Request(f"http://127.0.0.1:{api}{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.urlopen(req, timeout=10) as r:
+                if r.status not in (200, 201):
+                    raise BenchError(f"toxiproxy {path}: HTTP {r.status}")
+        post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{proxy}", "upstream": f"127.0.0.1:{server['tls_port']}",
+                          "enabled": True})
+        # toxiproxy's bandwidth rate is in KB/s of 1000 bytes (bytes per millisecond).
+        rate = int(self.mibps * 2**20 / 1000)
+        for stream in ("upstream", "downstream"):
+            post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
+                                         "attributes": {"latency": int(self.rtt_ms / 2), "jitter": 0}})
+            post("/proxies/gcs/toxics", {"name": f"bandwidth-{stream}", "type": "bandwidth", "stream": stream,
+                                         "attributes": {"rate": rate}})
+        return server
+
+    def stop(self, ctx):
+        if self.proc is not None and self.proc.poll() is None:
+            ctx.tracker.signal(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            ctx.tracker.reaped(self.proc.pid)
+
+
 class Ctx:
     cpu = None
+    wan = None
+    server = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,9 +679,8 @@ for i in range(n):
 # fake-gcs-server needs (lowers.GCSFUSE_FLAGS without --foreground, which the sidecar adds) and
 # metrics off (disable-metrics-for-gke:true also drops the sidecar's --prometheus-port).
 def sidecar_mount_options(ctx):
-    port = ctx.server["port"]
     opts = [f.lstrip("-") for f in lowers.GCSFUSE_FLAGS if f != "--foreground"]
-    return opts + [f"custom-endpoint=http://localhost:{port}/storage/v1/", "disable-metrics-for-gke:true"]
+    return opts + [f"custom-endpoint={ctx.server['gcs_endpoint']}", "disable-metrics-for-gke:true"]
 
 
 def tail_run(ctx, arr, stop, n):
@@ -1012,6 +1105,13 @@ def main():
                     "fake-node-driver) in a cgroup of its own limited to this many CPUs, as a sidecar's cpu limit "
                     "(0.25, 1); fio is not limited")
     ap.add_argument("--gcsfuse", help="the gcsfuse binary to run (default: scripts/install-lowers.sh's v3.11.2)")
+    ap.add_argument("--caches", default="off,on", help="gcsfuse's file cache in part 1: off, on or both (default off,on)")
+    ap.add_argument("--wan", metavar="RTT_MS,MIBPS", help="the bucket as a cloud VM reaches Cloud Storage: HTTPS "
+                    "through toxiproxy adding RTT_MS of round trip and capping each connection at MIBPS MiB/s each way "
+                    "(e.g. 10,100; needs scripts/k8s-node/install.sh toxiproxy, which gcsfuse.sh runs)")
+    ap.add_argument("--toxiproxy", default=os.path.join(os.environ.get("K8S_NODE_ROOT", "/opt/drainfs-k8s"), "bin",
+                                                         "toxiproxy-server"),
+                    help="toxiproxy-server for --wan (default $K8S_NODE_ROOT/bin/toxiproxy-server)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("gcsfuse bench: must run as root")
@@ -1027,6 +1127,10 @@ def main():
     for k in ("numjobs", "md_threads"):
         if getattr(a, k):
             ctx.p[k] = [int(x) for x in getattr(a, k).split(",")]
+    caches = a.caches.split(",")
+    if not caches or len(set(caches)) != len(caches) or not set(caches) <= {"off", "on"}:
+        sys.exit(f"gcsfuse bench: --caches takes off, on or off,on, not {a.caches!r}")
+    CACHES[:] = caches
     parts = set(a.parts.split(","))
     if not parts or not parts <= {"throughput", "tail"}:
         sys.exit(f"gcsfuse bench: --parts takes throughput, tail or both, not {a.parts!r}")
@@ -1075,6 +1179,11 @@ def main():
             ctx.cpu = CpuLimit(a.cpu_limit, ctx.work)
         except (BenchError, OSError) as e:
             sys.exit(f"gcsfuse bench: {e}")
+    if a.wan:
+        try:
+            ctx.wan = Wan(a.wan, a.toxiproxy)
+        except BenchError as e:
+            sys.exit(f"gcsfuse bench: {e}")
     versions = {
         "gcsfuse": subprocess.run([ctx.gcsfuse, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
         "sidecar_mounter": "gcs-fuse-csi-driver v1.24.4 (scripts/install-lowers.sh)",
@@ -1087,10 +1196,17 @@ def main():
     t0 = time.monotonic()
     load_start = benchlib.loadavg()
     ok = False
+    cpu_server0 = None
     try:
-        ctx.server = lowers.start_server("gcsfuse", ctx.lowers_dir)
-        ctx.tracker.add(ctx.server["pid"])
-        log(f"profile {ctx.profile}: {ctx.p}; fake-gcs-server on port {ctx.server['port']}; work dir {ctx.work}")
+        if ctx.wan:
+            ctx.server = ctx.wan.start(ctx)
+        else:
+            ctx.server = lowers.start_server("gcsfuse", ctx.lowers_dir)
+            ctx.tracker.add(ctx.server["pid"])
+        log(f"profile {ctx.profile}: {ctx.p}; fake-gcs-server on port {ctx.server['port']}, gcsfuse's endpoint "
+            f"{ctx.server['gcs_endpoint']}; work dir {ctx.work}")
+        cpu_server0 = proc_cpu_secs(ctx.server["pid"])
+        cpu_proxy0 = proc_cpu_secs(ctx.wan.proc.pid) if ctx.wan else 0.0
         if "throughput" in parts:
             part_throughput(ctx, raw)
         if "tail" in parts:
@@ -1104,6 +1220,12 @@ def main():
     except (KeyboardInterrupt, SystemExit):
         log("interrupted")
     finally:
+        if cpu_server0 is not None:
+            raw["server_cpu_s"] = proc_cpu_secs(ctx.server["pid"]) - cpu_server0
+            if ctx.wan:
+                raw["proxy_cpu_s"] = proc_cpu_secs(ctx.wan.proc.pid) - cpu_proxy0
+        if ctx.wan:
+            ctx.wan.stop(ctx)
         try:
             lowers.stop(ctx.lowers_dir)
         except Exception as e:  # noqa: BLE001
@@ -1113,7 +1235,12 @@ def main():
 
     elapsed = time.monotonic() - t0
     limit = f"; every target limited to {ctx.cpu.cpus:g} CPU ({'cpu.max' if ctx.cpu.v2 else 'cfs quota'})" if ctx.cpu else ""
-    header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on fake-gcs-server (memory backend){limit}, "
+    backend = "fake-gcs-server (memory backend" + (f"; {ctx.wan.describe()}" if ctx.wan else "") + ")"
+    cpu_note = ""
+    if "server_cpu_s" in raw:
+        cpu_note = f"; fake-gcs-server {raw['server_cpu_s']:.0f} CPU s" + (
+            f", toxiproxy {raw['proxy_cpu_s']:.0f} CPU s" if "proxy_cpu_s" in raw else "")
+    header = (f"drainfs over real gcsfuse ({versions['gcsfuse']}) on {backend}{limit}{cpu_note}, "
               f"{ctx.profile}: {ctx.p['reps']} reps interleaved, medians; fio {ctx.p['runtime']} (ramp {ctx.p['ramp']}) "
               f"x {ctx.p['size']}/job; mdbench {ctx.p['md_files']} files; kernel {platform.release()}, {os.cpu_count()} CPUs; "
               f"{elapsed:.0f} s; loadavg start {load_start}, end {benchlib.loadavg()}; git {versions['git_head']}")
@@ -1144,7 +1271,8 @@ def main():
                 + (f"{ctx.p['tail_stop_delay']:g} s after" if ctx.p["tail_stop_delay"] else "right after")
                 + " the application's exit)", tail_table(ctx, raw)]
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "versions": versions,
-            "loadavg_start": load_start}
+            "loadavg_start": load_start, "caches": CACHES,
+            "wan": {"rtt_ms": ctx.wan.rtt_ms, "mibps_per_connection": ctx.wan.mibps, "tls": True} if ctx.wan else None}
     benchlib.write_results(ctx.results, "\n".join(out), {"meta": meta, "raw": raw}, logs=ctx.logs)
     log(f"results in {ctx.results}")
     return 0 if ok else 1

@@ -9,7 +9,8 @@
 # Other options go to gcsfuse.py (--reps, --runtime, --ramp, --size, --md-files, --numjobs 1,4,
 # --md-threads 1,4, --tail-runs, --exit-file-runs, --tail-stop-delay S, --parts throughput,tail,
 # --results DIR, --targets raw,relay,..., --cpu-limit CPUS: each target's processes in a cgroup limited to CPUS,
-# as a sidecar's CPU limit); --no-build skips the cargo build; --gcsfuse-version X.Y.Z runs that
+# as a sidecar's CPU limit), --caches off|on|off,on, --wan RTT_MS,MIBPS: the bucket over HTTPS behind
+# toxiproxy (that round trip added, each connection capped at MIBPS each way); --no-build skips the cargo build; --gcsfuse-version X.Y.Z runs that
 # gcsfuse release instead of v3.11.2 (built once with `go install` from the Go module proxy into
 # /opt/drainfs-lowers/go/gobin-X.Y.Z; v3.13.0 needs Go 1.27, which the go command takes from the
 # module proxy: the build runs with GOTOOLCHAIN=go1.27.3). Needs root, /dev/fuse and
@@ -47,5 +48,9 @@ if [[ -n $gcsfuse_version ]]; then
     fi
     args+=(--gcsfuse "$gobin/gcsfuse")
 fi
+for a in "${args[@]+"${args[@]}"}"; do
+    # --wan: the bucket behind toxiproxy (built once from its Go module, then cached).
+    if [[ $a == --wan || $a == --wan=* ]]; then bash "$repo/scripts/k8s-node/install.sh" toxiproxy >/dev/null; fi
+done
 bench_workdir drainfs-gcsfuse-bench
 bench_python "$here/gcsfuse.py" --workdir "$work" --bin-dir "$bin_dir" "${args[@]}"
