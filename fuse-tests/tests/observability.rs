@@ -216,7 +216,21 @@ fn metrics_parse_and_count_what_the_test_did() {
     let e = std::fs::remove_dir(m.path("d")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
     let held = std::fs::File::open(m.path("d/f0")).unwrap();
-    let after = parse_metrics(&get(&base, "/metrics").1);
+    // drainfs counts a request when its handler ends, after the reply (a worker can answer
+    // and be descheduled before it counts: 6 CREATEs of 7 seen in a loaded suite run), and the
+    // kernel sends RELEASE after close() has returned. So the snapshot asserted is the first
+    // with nothing in flight and only `held` open (or the last at 10 s, to fail with).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let after = parse_metrics(&get(&base, "/metrics").1);
+        let settled = metric(&after, r#"drainfs_requests_in_flight{}"#) == 0.0
+            && metric(&after, r#"drainfs_open_handles{mode="write"}"#) == 0.0
+            && metric(&after, r#"drainfs_open_handles{mode="read"}"#) == 1.0;
+        if settled || Instant::now() > deadline {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let delta = |k: &str| metric(&after, k) - before.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     assert_eq!(delta(r#"drainfs_requests_total{op="create"}"#), 7.0);
     assert_eq!(delta(r#"drainfs_requests_total{op="mkdir"}"#), 1.0);
