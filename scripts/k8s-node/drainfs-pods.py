@@ -64,6 +64,21 @@ Scenarios (--scenarios, each run for every arrangement, interleaved):
             SIGKILL); the relay's termination message is its provisional summary (outcome
             `stopping`), or its final one, and names the file open at the stall either way.
 
+  grace     the pod's grace period runs out while the workload is inside close() of a large
+            file (GKE arrangements: stock, relay, handoff): the workload writes one file of
+            --kib KiB to a bucket behind toxiproxy with --bandwidth-mibps (so that the close,
+            which waits for gcsfuse's upload, lasts), and the pod's manifest is removed the
+            moment it begins close() (its `closing` stamp), with terminationGracePeriodSeconds
+            --grace-s. The kubelet SIGTERMs the workload, which is inside close() and stays
+            there; at the grace period's end it SIGKILLs it, and the close()'s FLUSH, a forced
+            request, still waits for gcsfuse. Recorded from the deletion: the workload's and
+            the sidecar's exits (containerd's task exit events), the sidecar's termination
+            message, and whether the file is in the bucket whole, absent, or anything else.
+            Checked: the hand-off never calls a stop idle while the upload it cut was still in
+            flight (outcome idle with the file not whole), nothing the workload closed with 0 is
+            missing, and no object is half there. The arrangements are compared with stock:
+            whether each upload completed, and when the sidecar exited.
+
 With --latency-ms N the pods' bucket is the fake-gcs-server behind toxiproxy (install.sh's
 `toxiproxy` step), N ms of round trip added (N/2 each way), the URLs the server hands out naming
 the proxy: a round trip of the order of a cloud VM's to Cloud Storage, which loopback lacks (an
@@ -76,8 +91,9 @@ for the hand-off, outcome idle and data_path handoff; after a deletion, the kube
 from the server byte for byte. In every scenario: a drainfs summary that says `clean` with a
 closed file missing, or an exit code that disagrees with the summary, fails the pod.
 
-Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled]
+Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled,grace]
                        [--pods N] [--files N] [--kib K] [--pace-ms MS] [--latency-ms MS]
+                       [--bandwidth-mibps M] [--grace-s S]
                        [--handoff-option drainfs-idle-window=1s ...]
 Results: a line per pod, then a side-by-side table (p50/p95) per scenario, with the job scenario's
 exit->Succeeded p50 also as the excess over the floor's when the floor ran;
@@ -135,9 +151,11 @@ SIDECAR_NAME = {"stock": "gke-gcsfuse-sidecar", "relay": "gke-gcsfuse-sidecar", 
 # The workload container's name: Airflow's KubernetesPodOperator calls it `base`.
 APP_NAME = {"airflow": "base"}
 POD_TIMEOUT = 180
-SCENARIOS = ("job", "legacy", "delete", "stalled")
+SCENARIOS = ("job", "legacy", "delete", "stalled", "grace")
 # The stalled scenario's terminationGracePeriodSeconds (and DRAINFS_GRACE_PERIOD).
 GRACE_STALLED = 20
+# The grace scenario's terminationGracePeriodSeconds (--grace-s).
+GRACE_CLOSE = [2]
 BUCKET = rt.BUCKET
 
 
@@ -146,10 +164,12 @@ BUCKET = rt.BUCKET
 BEHIND = {}
 
 
-def latency_backend(stack, workdir, latency_ms):
+def latency_backend(stack, workdir, latency_ms, mibps=0):
     """fake-gcs-server behind toxiproxy (install.sh's `toxiproxy` step) adding `latency_ms` of
     round trip (a latency toxic of half of it in each direction), as a cloud VM sees Cloud
-    Storage; returns the proxy's port."""
+    Storage, and with `mibps` > 0 capping each connection at that many MiB/s each way (a
+    bandwidth toxic per direction, in toxiproxy's KB/s of 1,000 bytes); returns the proxy's
+    port."""
     proxy, api = rt.free_port(), rt.free_port()
     server = rt.fake_gcs(stack, workdir, public_port=proxy)
     log = open(os.path.join(workdir, "toxiproxy.log"), "wb")
@@ -169,6 +189,9 @@ def latency_backend(stack, workdir, latency_ms):
     for stream in ("upstream", "downstream"):
         post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
                                      "attributes": {"latency": latency_ms // 2, "jitter": 0}})
+        if mibps:
+            post("/proxies/gcs/toxics", {"name": f"bandwidth-{stream}", "type": "bandwidth", "stream": stream,
+                                         "attributes": {"rate": int(mibps * 2**20 / 1000)}})
     BEHIND[proxy] = server
     return proxy
 
@@ -284,7 +307,8 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags, h
         del sidecar["restartPolicy"], sidecar["env"]
     spec = {
         "hostNetwork": True, "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": GRACE_STALLED if scenario == "stalled" else 30,
+        "terminationGracePeriodSeconds": (GRACE_STALLED if scenario == "stalled" else
+                                          GRACE_CLOSE[0] if scenario == "grace" else 30),
         "initContainers": [sidecar], "containers": [app],
         "volumes": [{"name": "gke-gcsfuse-tmp", "hostPath": {"path": drv.tmp, "type": "Directory"}},
                     {"name": "gke-gcsfuse-buffer", "emptyDir": {}},
@@ -449,12 +473,12 @@ class TermLog:
 
 
 def read_stamps(d):
-    """testbin's stamps in d (job.start, job.term, job.exit: UNIX ns), `closed`: the number
+    """testbin's stamps in d (job.start, job.term, job.exit, job.closing: UNIX ns), `closed`: the number
     of files the workload closed (written as it exits), and `opening`: the number of the last
     file it began (written before each). testbin writes each by rename."""
     s = {}
     for f in os.listdir(d):
-        for key in ("job.start", "job.term", "job.exit", "job.closed", "job.opening"):
+        for key in ("job.start", "job.term", "job.exit", "job.closed", "job.opening", "job.closing"):
             if f.endswith("-" + key):
                 name = key.removeprefix("job.") if key in ("job.closed", "job.opening") else key
                 s[name] = int(open(os.path.join(d, f)).read())
@@ -502,12 +526,16 @@ def observe_deletion(r, full, arr, stamps, manifest, server, pace_ms, grace, ter
     containerd's task exit events and the sidecar's termination message (TermLog); returns the
     deletion's time."""
     deadline = time.time() + POD_TIMEOUT
-    while "job.start" not in read_stamps(stamps):
+    # The grace scenario deletes the pod the moment the workload begins its close(); the others
+    # while it writes its second file.
+    wait_for = "job.closing" if r["scenario"] == "grace" else "job.start"
+    while wait_for not in read_stamps(stamps):
         if time.time() > deadline:
-            r["errors"].append(f"the workload did not start within {POD_TIMEOUT}s")
+            r["errors"].append(f"the workload did not reach {wait_for} within {POD_TIMEOUT}s")
             return None
-        time.sleep(jp.POLL)
-    time.sleep(pace_ms * 1.5 / 1000)
+        time.sleep(0.01 if r["scenario"] == "grace" else jp.POLL)
+    if r["scenario"] != "grace":
+        time.sleep(pace_ms * 1.5 / 1000)
     if server is not None:
         os.kill(server.pid, signal.SIGSTOP)
     t_del = time.time_ns()
@@ -574,7 +602,21 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
     want = {f"{name}/part-{j}.bin": content(j, kib) for j in range(closed or 0)}
     r["objects"] = len(got)
     intact = closed is not None and all(got.get(k) == v for k, v in want.items())
-    if scenario != "stalled":
+    if scenario == "grace":
+        # SIGKILLed inside its close(): the file is whole in the bucket (the upload ended before
+        # gcsfuse did) or absent; never half there, and never absent once close() returned 0.
+        key = f"{name}/part-0.bin"
+        r["upload"] = ("complete" if got.get(key) == content(0, kib) else "absent" if key not in got
+                       else f"WRONG ({len(got[key])} bytes)")
+        if r["upload"].startswith("WRONG"):
+            r["errors"].append(f"bucket: {key} is neither whole nor absent: {r['upload']}")
+        if (closed or 0) >= 1 and r["upload"] != "complete":
+            r["errors"].append(f"bucket: the workload's close() returned 0 and {key} is {r['upload']}")
+        if arr == "handoff" and r["upload"] != "complete" and (
+                summary.get("data_path") != "handoff" or r["outcome"] in ("idle", None)):
+            r["errors"].append(f"the hand-off ended with the upload cut and outcome {r['outcome']!r} "
+                               f"(idle would say nothing was cut): {msg[:300]!r}")
+    elif scenario != "stalled":
         if r["app_exit"] != 0:
             r["errors"].append(f"the workload's exit code {r['app_exit']}")
         if "job.exit" not in s:
@@ -589,6 +631,8 @@ def check(r, arr, scenario, s, drv, port, name, files, kib):
         if not intact or set(got) - set(want):
             r["errors"].append(f"bucket: {len(got)} objects, {closed} closed by the workload; wrong or"
                                f" missing: {sorted(k for k in want if got.get(k) != want[k])[:5]}")
+    if scenario == "grace" and "job.term" not in s:
+        r["errors"].append("the deletion did not reach the workload (no job.term stamp)")
     if scenario == "delete" and ("job.term" not in s or not 0 < (closed or 0) < files):
         r["errors"].append(f"the deletion did not land while the workload wrote ({closed} of {files} closed)")
     if scenario == "stalled":
@@ -668,7 +712,7 @@ def run_pod(arr, i, port, a, scenario):
         stop = threading.Event()
         stack.callback(stop.set)
         events = TaskExits(stack)
-        term = TermLog(stack, full, SIDECAR_NAME[arr]) if scenario in ("delete", "stalled") else None
+        term = TermLog(stack, full, SIDECAR_NAME[arr]) if scenario in ("delete", "stalled", "grace") else None
         os.rename(tmp, manifest)
         if drv is not None and scenario == "legacy":
             drv.put_exit_file(full, stop)
@@ -688,6 +732,8 @@ def run_pod(arr, i, port, a, scenario):
             if drv is not None and drv.exit_file_ns:
                 r["ms"]["exit->exit file"] = (drv.exit_file_ns - ex) / 1e6
         r["closed"] = s.get("closed")
+        if scenario == "grace" and t_end is not None and "job.closing" in s:
+            r["ms"]["closing->deleted"] = (t_end - s["job.closing"]) / 1e6
         check(r, arr, scenario, s, drv, port, name, a.files, a.kib)
     return r
 
@@ -726,6 +772,11 @@ def table(results, arrs, scenario):
         outcomes = ", ".join(sorted({str(r.get("outcome", "-")) for r in rs}))
         intact = ("no bucket" if arr == "floor" else
                   f"{sum(1 for r in rs if not any(e.startswith('bucket') for e in r['errors']))} of {len(rs)}")
+        if scenario == "grace":
+            ups = {}
+            for r in rs:
+                ups[r.get("upload")] = ups.get(r.get("upload"), 0) + 1
+            intact += " (uploads: " + ", ".join(f"{v} {k}" for k, v in sorted(ups.items(), key=str)) + ")"
         print(f"| {arr} | {len(ok)} of {len(rs)} | " + " | ".join(col)
               + f" | {codes} | {outcomes} | {intact} |")
     return bad
@@ -741,6 +792,11 @@ def main():
     ap.add_argument("--pace-ms", type=int, default=2000)
     ap.add_argument("--latency-ms", type=int, default=0,
                     help="the bucket's round trip added by toxiproxy (job, legacy, delete; default 0: none)")
+    ap.add_argument("--bandwidth-mibps", type=float, default=0,
+                    help="each connection to the bucket capped at this many MiB/s each way by toxiproxy "
+                         "(default 0: no cap; the grace scenario needs one)")
+    ap.add_argument("--grace-s", type=int, default=GRACE_CLOSE[0],
+                    help=f"the grace scenario's terminationGracePeriodSeconds (default {GRACE_CLOSE[0]})")
     ap.add_argument("--handoff-option", action="append", default=[],
                     help="a mount option for the hand-off's volume, e.g. drainfs-idle-window=1s (repeatable)")
     a = ap.parse_args()
@@ -750,6 +806,11 @@ def main():
         ap.error(f"arrangements: {', '.join(IMAGES)}; scenarios: {', '.join(SCENARIOS)}; counts positive")
     if any(x in ("delete", "stalled") for x in scens) and (a.files < 3 or a.pace_ms < 400):
         ap.error("delete and stalled need --files 3 or more and --pace-ms 400 or more (the deletion lands in the second file)")
+    if "grace" in scens and (a.bandwidth_mibps <= 0 or a.grace_s < 1
+                             or any(x not in GKE_ARRANGEMENTS for x in arrs)):
+        ap.error("grace runs the GKE arrangements (stock, relay, handoff) and needs --bandwidth-mibps "
+                 "(a cap that keeps the close() going past the grace period) and --grace-s of 1 or more")
+    GRACE_CLOSE[0] = a.grace_s
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     try:
@@ -762,7 +823,8 @@ def main():
         fake = os.path.join(WORK, "drainfs-pods", f"fake-gcs-{os.getpid()}")
         os.makedirs(fake)
         stack.callback(shutil.rmtree, fake, True)
-        port = latency_backend(stack, fake, a.latency_ms) if a.latency_ms else rt.fake_gcs(stack, fake)
+        port = (latency_backend(stack, fake, a.latency_ms, a.bandwidth_mibps) if a.latency_ms or a.bandwidth_mibps
+                else rt.fake_gcs(stack, fake))
         # Interleaved: one pod of each arrangement in turn.
         for scenario in scens:
             for i in range(a.pods):

@@ -17,8 +17,9 @@
 //	                              (a final checkpoint) and stops there.
 //	                              DIR/job-$HOSTNAME.closed holds the number of files closed
 //	                              (written at the end), DIR/job-$HOSTNAME.opening the number of
-//	                              the file it is about to create (written before each). A
-//	                              failed write or close exits 1.
+//	                              the file it is about to create (written before each),
+//	                              DIR/job-$HOSTNAME.closing the time (UNIX ns) it last began a
+//	                              close(). A failed write or close exits 1.
 //
 // Each line it prints goes to the container's log with the same timestamps.
 package main
@@ -99,6 +100,7 @@ func writeFiles(dir, data string, n, kib int, pace time.Duration, stop <-chan os
 				return i, err
 			}
 		}
+		stamp(dir, "job.closing")
 		if err := f.Close(); err != nil {
 			return i, err
 		}
