@@ -187,7 +187,7 @@ impl HandoffPath {
         let hold = handoff::tcp::tie_hold_ms(self.watch.window().as_millis() as u64);
         let awaiting = if moved {
             if hold > 0 {
-                self.awaiting_answer();
+                self.keep_history(hold);
             }
             false
         } else {
@@ -201,6 +201,21 @@ impl HandoffPath {
         tracing::trace!(io = ?io, cpu = ?cpu, ran, awaiting, "handoff: sample");
         self.watch.sample_with(now, io, awaiting || ran);
         self.next_sample = now + self.opts.sample_every;
+    }
+
+    /// While gcsfuse is active: the sockets already known are looked up again, so that each
+    /// keeps the previous sample a tie is judged from, and nothing else is read (no `/proc`
+    /// fd scan, no dump for a socket opened meanwhile: a random reader's gcsfuse opens a
+    /// connection for many of its reads, and each would cost a dump). A socket first seen at a
+    /// still sample is judged from its start, which holds a tie unless the connection made
+    /// just one exchange ([`handoff::tcp::TcpSock::awaiting`]).
+    fn keep_history(&mut self, hold: u32) {
+        let Some(diag) = self.diag.as_mut() else {
+            return;
+        };
+        let socks = diag.known();
+        let owned: Vec<u32> = socks.iter().map(|s| s.inode).collect();
+        self.judge.waiting(&socks, &owned, hold);
     }
 
     /// Whether one of gcsfuse's TCP connections waits for an answer ([`handoff::tcp`]); false
@@ -450,6 +465,23 @@ impl Diag {
         Ok(mine)
     }
 
+    /// The sockets of the last dump that are still established, each looked up by its id;
+    /// the others are forgotten.
+    fn known(&mut self) -> Vec<handoff::tcp::TcpSock> {
+        let keys: Vec<(u32, handoff::tcp::DiagKey)> =
+            self.known.iter().map(|(i, k)| (*i, *k)).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for (inode, key) in keys {
+            match self.lookup(&key) {
+                Some(s) if s.inode == inode => out.push(s),
+                _ => {
+                    self.known.remove(&inode);
+                }
+            }
+        }
+        out
+    }
+
     /// The socket at `key` if it is still established (`None` when it is gone, or the
     /// lookup failed: the caller dumps instead).
     fn lookup(&mut self, key: &handoff::tcp::DiagKey) -> Option<handoff::tcp::TcpSock> {
@@ -668,9 +700,18 @@ mod tests {
         // One dump found the socket; every later read was a lookup of it alone.
         assert_eq!(diag.dumps, 1, "lookups {}", diag.lookups);
         assert!(diag.lookups >= 2, "lookups {}", diag.lookups);
-        // Once it is gone, the lookup misses and a dump no longer finds it.
+        // While gcsfuse is active, only the sockets known are looked up: this one.
+        let lookups = diag.lookups;
+        assert_eq!(
+            diag.known().iter().map(|s| s.inode).collect::<Vec<_>>(),
+            [ino]
+        );
+        assert_eq!((diag.dumps, diag.lookups), (1, lookups + 1));
+        // Once it is gone, the lookup misses, it is forgotten, and a dump no longer finds it.
         drop(c);
         drop(srv);
+        assert!(diag.known().is_empty());
+        assert!(diag.known.is_empty());
         assert!(diag.owned(&[ino]).unwrap().is_empty());
         assert_eq!(diag.dumps, 2);
     }
