@@ -41,8 +41,11 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> buildah $(buildah --version | awk '{print $3}'): the stand-in base into its storage"
-standin_id=$("${b[@]}" pull --quiet "oci:$out/oci:gke-standin")
-"${b[@]}" tag "$standin_id" localhost/gke-sidecar-standin:v1.24.4-gke.0
+# Copied by skopeo under the name the build argument gives: `buildah pull oci:DIR` names the
+# image after DIR, which fails (`repository name must be lowercase`) for a clone whose path has
+# a capital letter, such as /root/proof-S.
+skopeo copy --quiet "oci:$out/oci:gke-standin" \
+  "containers-storage:[vfs@$store/root+$store/run]localhost/gke-sidecar-standin:v1.24.4-gke.0"
 install -m 0755 "$out/dist/drainfs" "$work/dist/dist/drainfs"
 
 echo "==> buildah bud -f docker/Dockerfile --target gke-overlay"
