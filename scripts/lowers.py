@@ -451,6 +451,39 @@ def start_server(kind: str, workdir: str, bucket: str = DEFAULT_BUCKET,
     return info
 
 
+def start_toxiproxy(binary: str, log_path: str, listen_port: int, upstream_port: int,
+                    rtt_ms: float, mibps: float = 0, timeout: float = 30.0) -> subprocess.Popen:
+    """toxiproxy-server (`binary`, on an API port of its own) relaying 127.0.0.1:`listen_port`
+    to 127.0.0.1:`upstream_port` with `rtt_ms` of round trip added (a latency toxic of half of
+    it in each direction) and, with `mibps` > 0, each connection capped at that many MiB/s in
+    each direction (a bandwidth toxic per direction, which toxiproxy runs per connection; its
+    rate is in KB/s of 1,000 bytes). Returns the process, for the caller to stop; raises
+    LowersError (and kills it) when its API does not answer or refuses a call."""
+    api = free_port()
+    proc = spawn([binary, "-host", "127.0.0.1", "-port", str(api)], log_path)
+    try:
+        wait_http(api, "/version", proc, timeout, log_path)
+
+        def post(path: str, body: dict) -> None:
+            status, data = http_request(api, "POST", path, json.dumps(body).encode(),
+                                        {"Content-Type": "application/json"})
+            if status not in (200, 201):
+                raise LowersError(f"toxiproxy {path}: HTTP {status}: {data[:300]!r}")
+        post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{listen_port}",
+                          "upstream": f"127.0.0.1:{upstream_port}", "enabled": True})
+        for stream in ("upstream", "downstream"):
+            post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
+                                         "attributes": {"latency": int(rtt_ms / 2), "jitter": 0}})
+            if mibps > 0:
+                post("/proxies/gcs/toxics", {"name": f"bandwidth-{stream}", "type": "bandwidth",
+                                             "stream": stream,
+                                             "attributes": {"rate": int(mibps * 2**20 / 1000)}})
+    except (LowersError, OSError):
+        stop_pid(proc.pid, None, signal.SIGKILL, 5)
+        raise
+    return proc
+
+
 def _port_taken_in_log(log_path: str) -> bool:
     t = _tail(log_path, 50)
     return "address already in use" in t.lower()

@@ -89,7 +89,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -286,38 +285,15 @@ class Wan:
         shutil.copy2(self.toxiproxy, toxiproxy)
         cert, key = self.certificate(ctx.work)
         os.environ["SSL_CERT_FILE"] = cert
-        proxy, api = lowers.free_port(), lowers.free_port()
+        proxy = lowers.free_port()
         server = lowers.start_server("gcsfuse", ctx.lowers_dir, tls=(cert, key), public_port=proxy)
         ctx.tracker.add(server["pid"])
-        logf = open(os.path.join(ctx.logs, "toxiproxy.log"), "wb")
-        self.proc = subprocess.Popen([toxiproxy, "-host", "127.0.0.1", "-port", str(api)], stdin=subprocess.DEVNULL,
-                                     stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        logf.close()
+        try:
+            self.proc = lowers.start_toxiproxy(toxiproxy, os.path.join(ctx.logs, "toxiproxy.log"), proxy,
+                                               server["tls_port"], self.rtt_ms, self.mibps)
+        except lowers.LowersError as e:
+            raise BenchError(str(e)) from None
         ctx.tracker.add(self.proc.pid)
-
-        def api_ok():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{api}/version", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-        wait_for(api_ok, 30, "toxiproxy's API", self.proc, os.path.join(ctx.logs, "toxiproxy.log"))
-
-        def post(path, body):
-            req = urllib.request.Request(f"http://127.0.0.1:{api}{path}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
-            with urllib.request.urlopen(req, timeout=10) as r:
-                if r.status not in (200, 201):
-                    raise BenchError(f"toxiproxy {path}: HTTP {r.status}")
-        post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{proxy}", "upstream": f"127.0.0.1:{server['tls_port']}",
-                          "enabled": True})
-        # toxiproxy's bandwidth rate is in KB/s of 1000 bytes (bytes per millisecond).
-        rate = int(self.mibps * 2**20 / 1000)
-        for stream in ("upstream", "downstream"):
-            post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
-                                         "attributes": {"latency": int(self.rtt_ms / 2), "jitter": 0}})
-            post("/proxies/gcs/toxics", {"name": f"bandwidth-{stream}", "type": "bandwidth", "stream": stream,
-                                         "attributes": {"rate": rate}})
         return server
 
     def stop(self, ctx):

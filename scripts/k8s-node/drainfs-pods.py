@@ -130,6 +130,8 @@ def load(name, path):
 # crictl queries.
 rt = load("run_test", os.path.join(REPO, "docker", "image", "run-test.py"))
 jp = load("job_pods", os.path.join(HERE, "job-pods.py"))
+# toxiproxy in front of the fake server (--latency-ms, --bandwidth-mibps).
+lw = load("lowers", os.path.join(REPO, "scripts", "lowers.py"))
 
 WORK = jp.WORK
 NODE = jp.NODE
@@ -170,28 +172,15 @@ def latency_backend(stack, workdir, latency_ms, mibps=0):
     Storage, and with `mibps` > 0 capping each connection at that many MiB/s each way (a
     bandwidth toxic per direction, in toxiproxy's KB/s of 1,000 bytes); returns the proxy's
     port."""
-    proxy, api = rt.free_port(), rt.free_port()
+    proxy = rt.free_port()
     server = rt.fake_gcs(stack, workdir, public_port=proxy)
-    log = open(os.path.join(workdir, "toxiproxy.log"), "wb")
-    p = subprocess.Popen([os.path.join(jp.ROOT, "bin", "toxiproxy-server"), "-host", "127.0.0.1",
-                          "-port", str(api)], stdout=log, stderr=subprocess.STDOUT)
+    p = lw.start_toxiproxy(os.path.join(jp.ROOT, "bin", "toxiproxy-server"), os.path.join(workdir, "toxiproxy.log"),
+                           proxy, server, latency_ms, mibps)
 
     def stop():
         p.kill()
         p.wait()
     stack.callback(stop)
-
-    def post(path, body):
-        return rt.post_json(f"http://127.0.0.1:{api}{path}", body)
-    rt.wait_http(f"http://127.0.0.1:{api}/version")
-    post("/proxies", {"name": "gcs", "listen": f"127.0.0.1:{proxy}", "upstream": f"127.0.0.1:{server}",
-                      "enabled": True})
-    for stream in ("upstream", "downstream"):
-        post("/proxies/gcs/toxics", {"name": f"latency-{stream}", "type": "latency", "stream": stream,
-                                     "attributes": {"latency": latency_ms // 2, "jitter": 0}})
-        if mibps:
-            post("/proxies/gcs/toxics", {"name": f"bandwidth-{stream}", "type": "bandwidth", "stream": stream,
-                                         "attributes": {"rate": int(mibps * 2**20 / 1000)}})
     BEHIND[proxy] = server
     return proxy
 
