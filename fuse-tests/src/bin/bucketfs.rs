@@ -110,8 +110,10 @@ struct Args {
     #[arg(long, value_name = "DIR|/dev/fd/N")]
     mountpoint: PathBuf,
 
-    /// Directory for staging files (created if missing). Default: a fresh temporary directory,
-    /// removed at exit.
+    /// Directory for staging files (created if missing). Default: `$TMPDIR/bucketfs-staging`
+    /// (`/tmp` without `TMPDIR`), shared by every bucketfs and created mode 1777. Staging files
+    /// are anonymous (`tempfile::tempfile_in`: `O_TMPFILE`, or unlinked at creation), so the
+    /// directory stays empty and a killed bucketfs leaves nothing behind.
     #[arg(long, value_name = "DIR")]
     staging: Option<PathBuf>,
 
@@ -1605,13 +1607,7 @@ fn slow_read_sleep(delay: Duration) {
 /// The signal thread: waits for SIGINT/SIGTERM with `sigwait` and reacts like gcsfuse: unmount
 /// (`mountpoint` given), or log and keep serving (`None`: a `/dev/fd/N` connection someone
 /// else mounted; gcsfuse logs "externally managed" and waits for EOF or SIGKILL).
-fn signal_loop(
-    set: SigSet,
-    mountpoint: Option<PathBuf>,
-    mode: SigtermMode,
-    events: Arc<Events>,
-    temp_staging: Option<PathBuf>,
-) {
+fn signal_loop(set: SigSet, mountpoint: Option<PathBuf>, mode: SigtermMode, events: Arc<Events>) {
     loop {
         let sig = match set.wait() {
             Ok(sig) => sig,
@@ -1625,9 +1621,6 @@ fn signal_loop(
         events.log(json!({"event": "signal", "signal": name}));
         if sig == Signal::SIGTERM && mode == SigtermMode::Instant {
             eprintln!("bucketfs: {name}: exiting at once without unmounting (--sigterm instant)");
-            if let Some(dir) = &temp_staging {
-                let _ = fs::remove_dir_all(dir);
-            }
             die_by_sigterm();
         }
         let Some(mountpoint) = &mountpoint else {
@@ -1705,6 +1698,39 @@ fn peer_closed(fd: &OwnedFd) -> bool {
     )
 }
 
+/// The default staging directory, `$TMPDIR/bucketfs-staging`, shared by every bucketfs, root's
+/// and uid 65534's alike. The first one builds it mode 1777 (sticky, writable by all) under a
+/// private name and renames it into place with `RENAME_NOREPLACE`, so no instance ever sees it
+/// with the umask's mode.
+///
+/// # Errors
+/// When it cannot be created, or exists and is not a directory.
+fn shared_staging_dir() -> Result<PathBuf, String> {
+    let tmp = std::env::temp_dir();
+    let dir = tmp.join("bucketfs-staging");
+    if !dir.is_dir() {
+        let err = |e: &dyn std::fmt::Display| format!("staging {}: {e}", dir.display());
+        let fresh = tempfile::Builder::new()
+            .prefix(".bucketfs-staging-")
+            .tempdir_in(&tmp)
+            .map_err(|e| err(&e))?;
+        fs::set_permissions(fresh.path(), fs::Permissions::from_mode(0o1777))
+            .map_err(|e| err(&e))?;
+        match nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            fresh.path(),
+            nix::fcntl::AT_FDCWD,
+            &dir,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        ) {
+            // Renamed: the guard's removal at drop finds nothing.
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(err(&e)),
+        }
+    }
+    existing_dir("staging", &dir)
+}
+
 /// Mounts (or takes the `/dev/fd/N` connection), serves until unmounted or until the
 /// connection's peer closes, and returns the exit code: 0 when the session ended by unmount
 /// (`ENODEV`) or by end-of-stream on a `/dev/fd/N` socket, 1 when it ended with an error.
@@ -1718,18 +1744,12 @@ fn run(args: Args) -> Result<ExitCode, String> {
         Some(_) => None,
         None => Some(existing_dir("mountpoint", &args.mountpoint)?),
     };
-    let (staging_dir, temp_guard) = match &args.staging {
+    let staging_dir = match &args.staging {
         Some(dir) => {
             fs::create_dir_all(dir).map_err(|e| format!("staging {}: {e}", dir.display()))?;
-            (existing_dir("staging", dir)?, None)
+            existing_dir("staging", dir)?
         }
-        None => {
-            let tmp = tempfile::Builder::new()
-                .prefix("bucketfs-staging-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a staging directory: {e}"))?;
-            (tmp.path().to_path_buf(), Some(tmp))
-        }
+        None => shared_staging_dir()?,
     };
     let events =
         Arc::new(Events::open(args.events.as_deref()).map_err(|e| format!("events file: {e}"))?);
@@ -1787,13 +1807,12 @@ fn run(args: Args) -> Result<ExitCode, String> {
         let _ = out.flush();
     }
 
-    let temp_staging = temp_guard.as_ref().map(|t| t.path().to_path_buf());
     let sig_events = events.clone();
     let mode = args.sigterm;
     let sig_mountpoint = mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".to_owned())
-        .spawn(move || signal_loop(sigset, sig_mountpoint, mode, sig_events, temp_staging))
+        .spawn(move || signal_loop(sigset, sig_mountpoint, mode, sig_events))
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let result = session.run();
@@ -1823,7 +1842,6 @@ fn run(args: Args) -> Result<ExitCode, String> {
         }
     };
     drop(probe);
-    drop(temp_guard);
     events.log(json!({"event": "exit"}));
     Ok(code)
 }
