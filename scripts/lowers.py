@@ -58,8 +58,14 @@ KINDS = ("gcsfuse", "gcs", "s3")
 # gcsfuse against fake-gcs-server (../shared/REAL-PEERS.md §2.2): the endpoint's host must be
 # literally "localhost" (else a gRPC GetStorageLayout call fails the mount), no credentials, no
 # HNS/folder APIs, renames as copy+delete (the fake has no moveTo), no metadata-server lookups.
+# No per-chunk upload timeout (gcsfuse's hidden `chunk-transfer-timeout-secs`, default 10 s):
+# on a timeout the storage client resends the chunk without asking the server what it has;
+# fake-gcs-server v1.54.0 deletes a resumable session before it stores the object and answers
+# the resent final chunk 404, which gcsfuse returns from FLUSH as ENOENT. Cloud Storage answers
+# a finished session with its object. A loaded suite saw one 256 MiB close() fail so (14 s).
 GCSFUSE_FLAGS = ("--foreground", "--anonymous-access", "--enable-hns=false",
-                 "--enable-atomic-rename-object=false", "--disable-autoconfig", "--implicit-dirs")
+                 "--enable-atomic-rename-object=false", "--disable-autoconfig", "--implicit-dirs",
+                 "--chunk-transfer-timeout-secs=0")
 S3_ACCESS_KEY = "drainfs"
 S3_SECRET_KEY = "drainfs-secret"
 
