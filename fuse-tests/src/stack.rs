@@ -249,7 +249,13 @@ pub fn in_close(tid: i32, fd: i32) -> bool {
 /// Creates `path` (O_TRUNC), writes `data` and closes it, returning close()'s error: the upload
 /// happens inside close(), so that is where its failure shows.
 pub fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::fd::{FromRawFd, IntoRawFd};
+    write_and_close(create_file(path)?, data)
+}
+
+/// Opens `path` for writing (`O_WRONLY | O_CREAT | O_TRUNC`, mode 0644), as [`write_file`]
+/// does.
+pub fn create_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL");
     // SAFETY: NUL-terminated path; the fd is owned by the File alone.
     let fd = unsafe {
@@ -263,7 +269,12 @@ pub fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by open.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Writes `data` to `f` and closes it, returning close()'s error (the upload's).
+pub fn write_and_close(mut f: std::fs::File, data: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
     f.write_all(data)?;
     let fd = f.into_raw_fd();
     // SAFETY: `fd` is owned here and closed exactly once.
