@@ -811,10 +811,12 @@ fn relay_read_stuck_in_gcsfuse_at_the_stop_is_clean() {
     let stopped = Stopped::stop(&server);
     let reader = StuckReader::start(&s.path("r.bin"));
     // A READ in gcsfuse's hands (not the LOOKUP or OPEN before it, which gcsfuse answers from
-    // its caches), still there a moment later.
+    // its caches), still there a moment later. Other requests may be awaiting gcsfuse beside
+    // it (a loaded run saw the READ in flight with the count of requests awaiting gcsfuse not
+    // exactly 1 at the second look, and 1 again a moment later): at least one, not one.
     let read_in_gcsfuse = || {
         let st = s.status();
-        st["relay"]["awaiting_daemon"].as_u64() == Some(1)
+        st["relay"]["awaiting_daemon"].as_u64() >= Some(1)
             && st["in_flight_by_op"].as_array().is_some_and(|ops| {
                 ops.iter()
                     .any(|o| o[0] == "read" && o[1].as_i64() > Some(0))
