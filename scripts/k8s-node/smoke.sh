@@ -38,6 +38,13 @@ if ((${#missing[@]})); then
 fi
 bash "$here/install.sh" images
 mkdir -p "$root"
+# The images (about 1 GB in containerd's store), the pods' logs and their buckets' files need
+# room; below 4 GiB free the step stops here and says so, instead of failing pods.
+free_kib=$(df -Pk "$root" | awk 'NR==2 {print $4}')
+if ((free_kib < 4 * 1024 * 1024)); then
+  echo "smoke.sh: only $((free_kib / 1024)) MiB free on the filesystem of $root; the node needs 4 GiB" >&2
+  exit 1
+fi
 exec 9>"$root/node.lock"
 flock -n 9 || { echo "smoke.sh: another user of the node holds $root/node.lock" >&2; exit 1; }
 if (exec 3<>/dev/tcp/127.0.0.1/9090) 2>/dev/null; then

@@ -98,6 +98,17 @@ authorization:
   mode: AlwaysAllow
 resolvConf: /etc/resolv.conf
 serializeImagePulls: false
+# The node's images are imported, never pulled (imagePullPolicy: Never): the kubelet must not
+# garbage-collect them or evict pods because the host's disk, shared with builds, passes its
+# default 85 % / 15 % marks (100 turns image GC off; eviction only when nearly full). smoke.sh
+# checks the free space before it starts.
+imageGCHighThresholdPercent: 100
+evictionHard:
+  memory.available: "100Mi"
+  nodefs.available: "1Gi"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1Gi"
+  imagefs.inodesFree: "1%"
 YAML
 
 # start NAME LOG CMD...: runs CMD in its own session, records its PID
