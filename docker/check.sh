@@ -15,6 +15,8 @@
 #      default target/debug/drainfs) and the docs
 #   7. check-image-names.py: the relay image's names against GKE's node driver's own name checks
 #      (read from third_party/gcs-fuse-csi-driver)
+#   8. one version: the Dockerfile's DRAINFS_VERSION and every drainfs image tag of the manifests
+#      (`drainfs:V`, `...-drainfs.V`) are Cargo.toml's version
 #   (every `drainfs run` invocation of the manifests passing `--check-config` is checked by
 #   the Rust test suite, fuse-tests/tests/manifests.rs, in a pod's volume directories)
 #
@@ -156,6 +158,22 @@ if "$PYTHON" "$HERE/check-image-names.py"; then
   :
 else
   fail "check-image-names.py"
+fi
+
+# ------------------------------------------------------------------------------------------------
+step "one version: Cargo.toml, the Dockerfile and the manifests' image tags"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)"
+stray="$({
+  grep -Hn '^ARG DRAINFS_VERSION=' "$HERE/Dockerfile" | grep -v "=$version\$" || true
+  grep -HnoE '(drainfs:|-drainfs\.)[0-9][^ "]*' "${MANIFESTS[@]}" | grep -vE "(drainfs:|-drainfs\.)$version\$" || true
+})"
+if ! grep -q "^ARG DRAINFS_VERSION=$version\$" "$HERE/Dockerfile"; then
+  fail "docker/Dockerfile has no ARG DRAINFS_VERSION=$version"
+elif [[ -n "$stray" ]]; then
+  printf '%s\n' "$stray"
+  fail "image versions other than Cargo.toml's $version (above)"
+else
+  echo "every drainfs version is $version"
 fi
 
 # ------------------------------------------------------------------------------------------------

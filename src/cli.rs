@@ -25,7 +25,7 @@ const HEADING_RELAY: &str = "Relay";
 /// drainfs: a FUSE passthrough mount in front of gcsfuse that drains in-flight I/O before the
 /// sidecar exits.
 #[derive(Debug, Parser)]
-#[command(name = "drainfs", version, about, propagate_version = true, after_help = DROPIN_HELP)]
+#[command(name = "drainfs", version = crate::VERSION, about, propagate_version = true, after_help = DROPIN_HELP)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -2,6 +2,11 @@
 //! that tracks in-flight operations and open handles, and on shutdown drains them before
 //! unmounting, stopping the lower and exiting.
 
+/// drainfs's version and the commit it was built from, `VERSION+COMMIT` (`0.1.0+1a2b3c4d5e6f`,
+/// `-dirty` after the commit when the tree had changes, `unknown` without one: `build.rs`):
+/// what `drainfs --version` prints after the name and every summary's `drainfs_version` holds.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("DRAINFS_COMMIT"));
+
 pub mod accounting;
 pub mod admin;
 pub mod checks;

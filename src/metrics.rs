@@ -4,7 +4,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `drainfs_build_info` | info | `version` |
+//! | `drainfs_build_info` | info | `version` (Cargo.toml's), `revision` (the commit: `build.rs`) |
 //! | `drainfs_phase` | gauge (1 for the current phase) | `phase` |
 //! | `drainfs_requests_total` | counter | `op` |
 //! | `drainfs_request_errors_total` | counter | `op` |
@@ -141,10 +141,13 @@ impl Collector for DrainCollector {
     }
 }
 
-/// `drainfs_build_info{version}`.
+/// `drainfs_build_info{version,revision}`: Cargo.toml's version and the commit built
+/// ([`crate::VERSION`]'s two halves).
 fn encode_build_info(enc: &mut DescriptorEncoder) -> std::fmt::Result {
-    let info =
-        prometheus_client::metrics::info::Info::new([("version", env!("CARGO_PKG_VERSION"))]);
+    let info = prometheus_client::metrics::info::Info::new([
+        ("version", env!("CARGO_PKG_VERSION")),
+        ("revision", env!("DRAINFS_COMMIT")),
+    ]);
     let m = enc.encode_descriptor(
         "build",
         "drainfs build information",

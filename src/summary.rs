@@ -143,7 +143,16 @@ pub struct Summary {
     /// writing, so the lower's connection was not ended under them (absent when none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unanswered_pids: Vec<i32>,
+    /// [`SCHEMA_VERSION`]: the summaries' schema this one follows.
+    pub schema_version: u32,
+    /// The drainfs that wrote it ([`crate::VERSION`]: `0.1.0+COMMIT`).
+    pub drainfs_version: &'static str,
 }
+
+/// The version of the summaries' schema (`docker/monitoring/summary.schema.json` and
+/// `handoff-summary.schema.json`), every summary's `schema_version`. It changes when a field
+/// is removed, renamed or changes meaning (docs/stable-surface.md); adding a field keeps it.
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// What the lifecycle's executor recorded of one run, as it happened: the facts of the stop
 /// beyond what the drain machine knows. [`Record::outcome`] gives the exit code's inputs,
@@ -242,6 +251,8 @@ impl Summary {
             data_path,
             relay,
             unanswered_pids: record.unanswered_pids.clone(),
+            schema_version: SCHEMA_VERSION,
+            drainfs_version: crate::VERSION,
         }
     }
 }
@@ -1000,6 +1011,12 @@ mod tests {
                 "the schema requires {k}, the summary lacks it"
             );
         }
+        assert_eq!(props["schema_version"]["const"], SCHEMA_VERSION);
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        let version = v["drainfs_version"].as_str().unwrap();
+        let (pkg, commit) = version.split_once('+').unwrap();
+        assert_eq!(pkg, env!("CARGO_PKG_VERSION"));
+        assert!(!commit.is_empty(), "{version}");
         for (section, value) in [("timings", &v["timings"]), ("counts", &v["counts"])] {
             let known = props[section]["properties"].as_object().unwrap();
             for k in value.as_object().unwrap().keys() {

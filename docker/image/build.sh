@@ -66,6 +66,14 @@ if readelf -lW "$drainfs" | grep -q INTERP || readelf -dW "$drainfs" | grep -q N
   exit 1
 fi
 
+# The images' version and revision labels, from the binary itself (VERSION+COMMIT: build.rs).
+built="$("$drainfs" --version | awk '{print $2}')"
+if [[ "${built%%+*}" != "$version" || "$built" != *+* ]]; then
+  echo "build.sh: $drainfs says '$built', Cargo.toml $version" >&2
+  exit 1
+fi
+revision="${built#*+}"
+
 for b in gcsfuse gcs-fuse-csi-driver-sidecar-mounter; do
   [[ -x "$lowers/$b" ]] || { echo "build.sh: $lowers/$b missing: run bash scripts/install-lowers.sh" >&2; exit 1; }
   if readelf -lW "$(readlink -f "$lowers/$b")" | grep -q INTERP; then
@@ -89,6 +97,7 @@ umoci init --layout "$out/oci"
 labels=(
   --config.label "org.opencontainers.image.licenses=Apache-2.0"
   --config.label "org.opencontainers.image.version=$version"
+  --config.label "org.opencontainers.image.revision=$revision"
 )
 build() { # IMAGE, then umoci config flags
   local image=$1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The release binary runs in a root that holds nothing but itself:
-#   1. `drainfs --version` in a root with only /drainfs;
+#   1. `drainfs --version` in a root with only /drainfs: `drainfs 0.1.0+COMMIT`;
 #   2. the gcsfuse drop-in: a root with only /gcsfuse (drainfs) and /gcsfuse.real (gcsfuse
 #      v3.11.2): `/gcsfuse --version` answers with gcsfuse's version;
 #   3. `drainfs run` in a root with only /drainfs (plus the mount points /proc, /dev/fuse,
@@ -21,7 +21,9 @@ bad() { echo "  [FAIL] $*"; fail=1; }
 
 mkdir "$work/empty"
 install -m 0755 "$bin" "$work/empty/drainfs"
-if out=$(chroot "$work/empty" /drainfs --version 2>&1); then ok "drainfs --version in an empty root: $out"; else bad "drainfs --version in an empty root: $out"; fi
+# VERSION+COMMIT (build.rs): a build in a git checkout names its commit, 12 hex digits.
+if out=$(chroot "$work/empty" /drainfs --version 2>&1) \
+  && [[ "$out" =~ ^drainfs\ [0-9]+\.[0-9]+\.[0-9]+\+[0-9a-f]{12}(-dirty)?$ ]]; then ok "drainfs --version in an empty root: $out"; else bad "drainfs --version in an empty root: $out"; fi
 
 mkdir "$work/dropin"
 install -m 0755 "$bin" "$work/dropin/gcsfuse"

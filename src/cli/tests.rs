@@ -426,3 +426,48 @@ fn dropin_args_default_to_json_logs_and_a_signal_ending() {
     assert!(cfg.log.to_stdout);
     assert_eq!(cfg.lifecycle.grace_period, Duration::from_secs(5));
 }
+
+/// The command line's surface, as `docs/cli-surface.txt` publishes it (docs/stable-surface.md):
+/// every verb, and every visible argument of each (long flag, else short, else `<ID>` for a
+/// positional) with the `DRAINFS_*` variable it reads, one per line. A flag removed, renamed
+/// or moved fails here; so does one added without its line. `DRAINFS_BLESS=1 cargo test
+/// the_cli_surface` rewrites the file (then read the diff: a removal needs a deprecation).
+#[test]
+fn the_cli_surface_is_the_published_one() {
+    use clap::CommandFactory;
+    fn walk(cmd: &clap::Command, path: &str, lines: &mut Vec<String>) {
+        for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let name = match (a.get_long(), a.get_short()) {
+                (Some(l), _) => format!("--{l}"),
+                (None, Some(s)) => format!("-{s}"),
+                (None, None) => format!("<{}>", id.to_uppercase()),
+            };
+            let env = a
+                .get_env()
+                .map(|e| format!(" {}", e.to_string_lossy()))
+                .unwrap_or_default();
+            lines.push(format!("{path} {name}{env}"));
+        }
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            let p = format!("{path} {}", sub.get_name());
+            lines.push(p.clone());
+            walk(sub, &p, lines);
+        }
+    }
+    let mut lines = Vec::new();
+    walk(&Cli::command(), "drainfs", &mut lines);
+    let got = lines.join("\n") + "\n";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli-surface.txt");
+    if std::env::var_os("DRAINFS_BLESS").is_some() {
+        std::fs::write(path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(
+        got, want,
+        "the CLI differs from docs/cli-surface.txt (left: the binary's)"
+    );
+}

@@ -91,6 +91,10 @@ pub struct HandoffSummary {
     pub timings: HandoffTimings,
     /// Anything else worth knowing.
     pub notes: Vec<String>,
+    /// [`super::SCHEMA_VERSION`]: the summaries' schema this one follows.
+    pub schema_version: u32,
+    /// The drainfs that wrote it ([`crate::VERSION`]: `0.1.0+COMMIT`).
+    pub drainfs_version: &'static str,
 }
 
 impl HandoffSummary {
@@ -119,6 +123,8 @@ impl HandoffSummary {
                 exit_ms: record.timings.exit_ms,
             },
             notes: record.notes.clone(),
+            schema_version: super::SCHEMA_VERSION,
+            drainfs_version: crate::VERSION,
         }
     }
 
@@ -229,6 +235,11 @@ mod tests {
         assert_eq!(
             (s.exit_code, s.outcome, s.data_path),
             (75, STOPPING, "handoff")
+        );
+        assert_eq!(props["schema_version"]["const"], super::super::SCHEMA_VERSION);
+        assert_eq!(
+            (s.schema_version, s.drainfs_version),
+            (super::super::SCHEMA_VERSION, crate::VERSION)
         );
     }
 
