@@ -29,8 +29,9 @@ before the pod exists it opens /dev/fuse, mounts the volume's target with fd=N (
 container gets the target as a hostPath), listens on <tmp>/.volumes/<vol>/socket in the
 directory the sidecar gets as /gcsfuse-tmp (a hostPath here, an emptyDir the driver finds by
 the pod's UID on GKE), and hands the fd and the mount options to the sidecar mounter, as
-csi_mounter.go does. The mount options are job-gke-managed-relay.yaml's volume's
-(implicit-dirs, uid=1000, gid=1000) plus the fake server's endpoint.
+csi_mounter.go does. The mount options are the manifests' volume's (implicit-dirs, uid=1000,
+gid=1000; the relay adds drainfs-mode=relay, as job-gke-managed-relay.yaml does) plus the fake
+server's endpoint.
 
 The workload (testbin write, uid 1000 as in the manifests) writes FILES files of KIB KiB under
 /data/<pod>/, each closed before the next, and stamps its start, any SIGTERM, its exit (UNIX ns,
@@ -277,7 +278,8 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags, h
     """GKE's webhook spec: GetNativeSidecarContainerSpec, or for `legacy` GetSidecarContainerSpec
     (a regular container, first in the list, NATIVE_SIDECAR unset). `handoff_options`: mount
     options added to the hand-off's volume (as a user writes them in mountOptions)."""
-    drv = NodeDriver(stack, base, port, handoff_options if arr == "handoff" else ())
+    extra = {"handoff": tuple(handoff_options), "relay": ("drainfs-mode=relay",)}.get(arr, ())
+    drv = NodeDriver(stack, base, port, extra)
     app, stamps_vol = workload(name, stamps, files, kib, flags)
     app["volumeMounts"].append({"name": "gcs", "mountPath": "/data"})
     sidecar = {
