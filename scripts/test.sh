@@ -98,9 +98,13 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 step "build"
 cargo build --workspace --bins --locked
 
-step "docs: relative links resolve, runnable commands run (scripts/check-docs.py)"
+step "docs: relative links resolve, runnable commands run (scripts/check-docs.py), figures name their records (scripts/check-figures.py)"
 DRAINFS_BIN="$PWD/target/debug/drainfs" python3 scripts/check-docs.py --self-test
 DRAINFS_BIN="$PWD/target/debug/drainfs" python3 scripts/check-docs.py
+# Every figure of a section marked `<!-- figures: checked -->` is in a record it links; the
+# figures of sections not converted yet are counted (issue #35: that count goes to zero).
+python3 scripts/check-figures.py --self-test
+python3 scripts/check-figures.py
 
 step "cargo test (unit tests and real mounts)"
 # Two test threads: the machine has two cores and the mount tests start FUSE daemons.
