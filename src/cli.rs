@@ -54,7 +54,8 @@ pub enum Command {
     /// On a trigger, wait until COMMAND has stood still for `--idle-window` (its I/O counters,
     /// its threads, its TCP connections),
     /// end it (SIGKILL; SIGTERM first with `--term-wait`) and exit: by SIGTERM after a stop by
-    /// SIGTERM with COMMAND idle, and as COMMAND ended when it ended by itself. A COMMAND still
+    /// SIGTERM with COMMAND idle (or exited 0 by itself after the stop), and as COMMAND ended
+    /// when it ended by itself otherwise. A COMMAND still
     /// busy is left to the SIGKILL that ends drainfs at the end of the 5 s `--grace-period` (it
     /// dies with drainfs); drainfs ends it itself and exits 75 only on a second signal, or if
     /// nothing has killed drainfs `--grace-margin` after the grace period. The gcsfuse
