@@ -131,10 +131,13 @@ DRAINFS_CLEAN_SIGTERM_EXIT, when set, win over those defaults. A mount point tha
 is exec'ed. The deadline is 5 s by default (GKE's sidecar mounter SIGKILLs its child 5 s after
 its SIGTERM), not the pod's grace period.
 
-Exit codes: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the lower (gcsfuse) failed
-or died, or `status`, `drain` or `shutdown` could not reach drainfs's control socket;
-75 data may be incomplete; 124 `drainfs wait` timed out before the mount served (`wait` also
-waits for a missing control socket: drainfs opens one only with `--control-socket`).";
+Exit codes of `run` and `relay`: 0 clean; 1 drainfs could not mount or serve; 2 usage; 69 the
+lower (gcsfuse) failed or died, or `status`, `drain` or `shutdown` could not reach drainfs's
+control socket; 75 data may be incomplete; 124 `drainfs wait` timed out before the mount served
+(`wait` also waits for a missing control socket: drainfs opens one only with
+`--control-socket`). Of `handoff`: 0 idle (or by SIGTERM after a stop by SIGTERM); 75 gcsfuse
+was ended while busy; 69 gcsfuse could not be started; otherwise gcsfuse's own status, or the
+signal it died of, when it ended by itself.";
 
 /// The gcsfuse drop-in's relay command line (the mount option `drainfs-mode=relay`, see
 /// [`crate::dropin`]): for `gcsfuse ARGS...` (argv\[0\]'s file name is `gcsfuse`), `drainfs relay --log-to-stdout [--log-format json] [--clean-sigterm-exit signal]

@@ -21,7 +21,8 @@ pub struct HandoffArgs {
     /// Stillness before the stop counts; a stop takes up to this long after the last I/O. A
     /// connection whose last send, receive and ACK share one 4 ms timestamp step (which came
     /// first cannot be told) keeps gcsfuse from being ended until 2 s after that step, the
-    /// window included, and without sight of the connections (no `sock_diag`) the window is
+    /// window included, unless its previous sample shows one exchange answered within the
+    /// step (idle then, sent one segment since, received data), and without sight of the connections (no `sock_diag`) the window is
     /// at least 2 s. 500 ms by default: inside uploads in flight at a stop, gcsfuse's longest
     /// stillness measured was 156 ms (`handoff_stops.py --runs 300` on ceee154, 2026-12-06: 84
     /// uploads in flight, none cut). Accepts `2s`, `500ms`.
