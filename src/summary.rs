@@ -730,6 +730,8 @@ mod tests {
             data_path: "relay",
             relay: None,
             unanswered_pids: Vec::new(),
+            schema_version: SCHEMA_VERSION,
+            drainfs_version: crate::VERSION,
         }
     }
 
@@ -1066,6 +1068,8 @@ mod tests {
             data_path: "mount",
             relay: None,
             unanswered_pids: Vec::new(),
+            schema_version: SCHEMA_VERSION,
+            drainfs_version: crate::VERSION,
         };
         let t = for_termination_log(&s);
         assert!(t.len() <= TERMINATION_LOG_CAP);
