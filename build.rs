@@ -39,7 +39,7 @@ fn from_git() -> Option<String> {
             _ => {}
         }
     }
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     Some(if dirty { format!("{sha}-dirty") } else { sha })
 }

@@ -236,7 +236,10 @@ mod tests {
             (s.exit_code, s.outcome, s.data_path),
             (75, STOPPING, "handoff")
         );
-        assert_eq!(props["schema_version"]["const"], super::super::SCHEMA_VERSION);
+        assert_eq!(
+            props["schema_version"]["const"],
+            super::super::SCHEMA_VERSION
+        );
         assert_eq!(
             (s.schema_version, s.drainfs_version),
             (super::super::SCHEMA_VERSION, crate::VERSION)
