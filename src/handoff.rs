@@ -173,21 +173,55 @@ impl CpuSample {
 }
 
 /// Whether gcsfuse's threads were busy between two samples ([`CpuSample::moved_to`]), from
-/// one sample to the next.
+/// one sample to the next. A sample whose I/O counters moved is active without its threads,
+/// which are then not read ([`CpuWatch::skip`]): the next reading has nothing to compare
+/// with and counts as busy, so the idle window runs from the first sample after the I/O, one
+/// sampling interval later than with the threads read at every sample.
 #[derive(Debug, Clone, Default)]
 pub struct CpuWatch {
     last: Option<CpuSample>,
+    skipped: bool,
 }
 
 impl CpuWatch {
     /// Records `next` (`None`: it could not be read) and says whether gcsfuse was busy since
-    /// the previous one. Without two readable samples in a row nothing is known, and the I/O
-    /// counters and the connections decide alone: not busy.
+    /// the previous one: true after a [`CpuWatch::skip`]. Without two readable samples in a
+    /// row nothing is known, and the I/O counters and the connections decide alone: not busy.
     pub fn busy(&mut self, next: Option<CpuSample>) -> bool {
-        let busy = matches!((self.last, next), (Some(a), Some(b)) if a.moved_to(&b));
+        let busy = self.skipped || matches!((self.last, next), (Some(a), Some(b)) if a.moved_to(&b));
         self.last = next;
+        self.skipped = false;
         busy
     }
+
+    /// The threads were not read at this sample (its I/O counters moved): what they did
+    /// since is unknown, so the next [`CpuWatch::busy`] says busy.
+    pub fn skip(&mut self) {
+        self.last = None;
+        self.skipped = true;
+    }
+}
+
+/// One sample's activity: whether gcsfuse's I/O counters moved since the watch's last sample
+/// (a sample that could not be read, after one that could, or the reverse, is a change), and,
+/// only when they did not, whether its threads ran (`read_threads` is called then, and its
+/// result goes to `cpu`); when they moved, the threads are not read ([`CpuWatch::skip`]).
+/// Returns `(counters moved, threads ran)`.
+pub fn activity(
+    watch: &IdleWatch,
+    cpu: &mut CpuWatch,
+    io: Option<IoSample>,
+    read_threads: impl FnOnce() -> Option<CpuSample>,
+) -> (bool, bool) {
+    let io_moved = match (watch.last(), io) {
+        (Some(a), Some(b)) => a.moved_to(&b),
+        (a, b) => a.is_some() != b.is_some(),
+    };
+    if io_moved {
+        cpu.skip();
+        return (true, false);
+    }
+    (false, cpu.busy(read_threads()))
 }
 
 /// When gcsfuse's I/O counters last moved, from samples read at known times.

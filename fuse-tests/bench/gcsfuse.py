@@ -1081,6 +1081,8 @@ def main():
                     "fake-node-driver) in a cgroup of its own limited to this many CPUs, as a sidecar's cpu limit "
                     "(0.25, 1); fio is not limited")
     ap.add_argument("--gcsfuse", help="the gcsfuse binary to run (default: scripts/install-lowers.sh's v3.11.2)")
+    ap.add_argument("--fio-jobs", help="part 1's fio jobs, comma-separated (default all: "
+                    + ",".join(j[0] for j in benchlib.FIO_JOBS) + ")")
     ap.add_argument("--caches", default="off,on", help="gcsfuse's file cache in part 1: off, on or both (default off,on)")
     ap.add_argument("--wan", metavar="RTT_MS,MIBPS", help="the bucket as a cloud VM reaches Cloud Storage: HTTPS "
                     "through toxiproxy adding RTT_MS of round trip and capping each connection at MIBPS MiB/s each way "
@@ -1107,6 +1109,12 @@ def main():
     if not caches or len(set(caches)) != len(caches) or not set(caches) <= {"off", "on"}:
         sys.exit(f"gcsfuse bench: --caches takes off, on or off,on, not {a.caches!r}")
     CACHES[:] = caches
+    if a.fio_jobs:
+        known = [j[0] for j in benchlib.FIO_JOBS]
+        jobs = a.fio_jobs.split(",")
+        if len(set(jobs)) != len(jobs) or not set(jobs) <= set(known):
+            sys.exit(f"gcsfuse bench: --fio-jobs names some of {','.join(known)}, not {a.fio_jobs!r}")
+        benchlib.FIO_JOBS[:] = [j for j in benchlib.FIO_JOBS if j[0] in jobs]
     parts = set(a.parts.split(","))
     if not parts or not parts <= {"throughput", "tail"}:
         sys.exit(f"gcsfuse bench: --parts takes throughput, tail or both, not {a.parts!r}")
@@ -1247,7 +1255,7 @@ def main():
                 + (f"{ctx.p['tail_stop_delay']:g} s after" if ctx.p["tail_stop_delay"] else "right after")
                 + " the application's exit)", tail_table(ctx, raw)]
     meta = {"profile": ctx.profile, "params": ctx.p, "ok": ok, "elapsed_s": elapsed, "versions": versions,
-            "loadavg_start": load_start, "caches": CACHES,
+            "loadavg_start": load_start, "caches": CACHES, "fio_jobs": [j[0] for j in benchlib.FIO_JOBS],
             "wan": {"rtt_ms": ctx.wan.rtt_ms, "mibps_per_connection": ctx.wan.mibps, "tls": True} if ctx.wan else None}
     benchlib.write_results(ctx.results, "\n".join(out), {"meta": meta, "raw": raw}, logs=ctx.logs)
     log(f"results in {ctx.results}")

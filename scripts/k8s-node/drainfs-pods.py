@@ -94,7 +94,7 @@ closed file missing, or an exit code that disagrees with the summary, fails the 
 
 Usage: drainfs-pods.py [--arrangements stock,relay,handoff,self-managed,airflow,floor] [--scenarios job,legacy,delete,stalled,grace]
                        [--pods N] [--files N] [--kib K] [--pace-ms MS] [--latency-ms MS]
-                       [--bandwidth-mibps M] [--grace-s S]
+                       [--bandwidth-mibps M] [--grace-s S] [--exit-spread-ms MS]
                        [--handoff-option drainfs-idle-window=1s ...]
 Results: a line per pod, then a side-by-side table (p50/p95) per scenario, with the job scenario's
 exit->Succeeded p50 also as the excess over the floor's when the floor ran;
@@ -315,10 +315,10 @@ def gke_pod(arr, name, port, stack, base, stamps, files, kib, scenario, flags, h
     return spec, drv
 
 
-def floor_pod(name, stamps, files, kib):
+def floor_pod(name, stamps, files, kib, flags=()):
     """The floor: the Job's workload alone (no sidecar, no bucket), writing to an emptyDir at
     /data."""
-    app, stamps_vol = workload(name, stamps, files, kib)
+    app, stamps_vol = workload(name, stamps, files, kib, flags)
     app["volumeMounts"].append({"name": "data", "mountPath": "/data"})
     return {"hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 30,
             "containers": [app], "volumes": [{"name": "data", "emptyDir": {}}, stamps_vol]}
@@ -680,9 +680,15 @@ def run_pod(arr, i, port, a, scenario):
             port = rt.fake_gcs(stack, os.path.join(base, "fake-gcs"))
             server = rt.FAKE_SERVERS[port]
         flags = ["-pace-ms", str(a.pace_ms)] if scenario in ("delete", "stalled") else []
+        if scenario == "job" and a.exit_spread_ms:
+            # Pod i of N exits i/N of the spread after its last close: the kubelet notices an
+            # exit at its next relist (every 1 s), so a workload whose exit keeps one phase
+            # against that tick (the same files, the same time) would give every pod of an
+            # arrangement the same wait, and arrangements different ones.
+            flags += ["-linger-ms", str(i * a.exit_spread_ms // a.pods)]
         drv = None
         if arr == "floor":
-            spec = floor_pod(name, stamps, a.files, a.kib)
+            spec = floor_pod(name, stamps, a.files, a.kib, flags)
         elif arr in ("self-managed", "airflow"):
             spec = self_managed_pod(arr, name, port, stamps, a.files, a.kib, scenario, flags)
         else:
@@ -789,12 +795,15 @@ def main():
                          "(default 0: no cap; the grace scenario needs one)")
     ap.add_argument("--grace-s", type=int, default=GRACE_CLOSE[0],
                     help=f"the grace scenario's terminationGracePeriodSeconds (default {GRACE_CLOSE[0]})")
+    ap.add_argument("--exit-spread-ms", type=int, default=0,
+                    help="job: pod i of N lingers i*MS/N ms between its last close and its exit, so that the "
+                         "exits fall at every phase of the kubelet's 1 s relist (default 0: none)")
     ap.add_argument("--handoff-option", action="append", default=[],
                     help="a mount option for the hand-off's volume, e.g. drainfs-idle-window=1s (repeatable)")
     a = ap.parse_args()
     arrs, scens = a.arrangements.split(","), a.scenarios.split(",")
     if (any(x not in IMAGES for x in arrs) or any(x not in SCENARIOS for x in scens)
-            or a.pods < 1 or a.files < 1 or a.kib < 1 or a.pace_ms < 0):
+            or a.pods < 1 or a.files < 1 or a.kib < 1 or a.pace_ms < 0 or a.exit_spread_ms < 0):
         ap.error(f"arrangements: {', '.join(IMAGES)}; scenarios: {', '.join(SCENARIOS)}; counts positive")
     if any(x in ("delete", "stalled") for x in scens) and (a.files < 3 or a.pace_ms < 400):
         ap.error("delete and stalled need --files 3 or more and --pace-ms 400 or more (the deletion lands in the second file)")

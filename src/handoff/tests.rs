@@ -304,6 +304,43 @@ fn threads_that_ran_are_activity() {
     assert!(!w.busy(Some(at(60_000_100))));
     assert!(!w.busy(None));
     assert!(!w.busy(Some(at(90_000_000))), "after an unreadable sample");
+    w.skip();
+    assert!(w.busy(Some(at(90_000_000))), "the reading after a skipped one");
+    assert!(!w.busy(Some(at(90_000_000))));
+    w.skip();
+    assert!(w.busy(None), "after a skip, even an unreadable reading");
+}
+
+/// While the I/O counters move, the threads are not read; the first sample after the I/O
+/// reads them and counts as busy (nothing to compare with), so the idle window runs from
+/// there: one sampling interval after the last I/O, never before it.
+#[test]
+fn threads_are_read_only_while_the_counters_stand_still() {
+    let t0 = Instant::now();
+    let mut w = IdleWatch::new(WINDOW);
+    let mut cpu = CpuWatch::default();
+    let mut reads = 0;
+    let mut t = Duration::ZERO;
+    let mut kb = 0;
+    while t <= ms(1500) {
+        // 1 s of I/O (a counter moves at every sample), then nothing; the threads' time stands
+        // still throughout, as an idle gcsfuse's does.
+        if t <= ms(1000) {
+            kb += 1024;
+        }
+        let (moved, ran) = activity(&w, &mut cpu, Some(io(kb)), || {
+            reads += 1;
+            Some(CpuSample::default())
+        });
+        assert_eq!(moved, t <= ms(1000), "at {t:?}");
+        assert_eq!(ran, t == ms(1020), "at {t:?}");
+        w.sample_with(t0 + t, Some(io(kb)), ran);
+        t += EVERY;
+    }
+    // Samples at 1020..=1500 ms read the threads, and only they.
+    assert_eq!(reads, (1500 - 1000) / 20);
+    assert!(!w.is_idle(t0 + ms(1020) + WINDOW - ms(1)));
+    assert!(w.is_idle(t0 + ms(1020) + WINDOW));
 }
 
 /// A gcsfuse that computes without a system call (its counters still, its threads on a CPU)

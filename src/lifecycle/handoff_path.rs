@@ -3,11 +3,13 @@
 //! (`/dev/fd/N`) untouched, closes its own copy of that fd, and stays its parent (it dies
 //! with drainfs: [`crate::procs::die_with_parent`]). gcsfuse holds the kernel's connection
 //! itself, so the door, the counts and the drain are empty: the machine tears down as soon
-//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io`, its threads
-//! (`/proc/PID/task/*`, [`CpuWatch`]) and its TCP connections (`sock_diag`) every
-//! `sample_every` ([`IdleWatch`]); the teardown waits until a sample shows that none of them
-//! has moved for the idle window, then ends gcsfuse (SIGKILL, or SIGTERM and SIGKILL after `term_wait`:
-//! gcsfuse v3.11.2 cannot unmount a `/dev/fd/N` mount, so it would serve on for 30 s) and
+//! as a trigger comes. While serving, drainfs reads gcsfuse's `/proc/PID/io` every
+//! `sample_every` ([`IdleWatch`]); its threads (`/proc/PID/task/*`, [`CpuWatch`]) only when
+//! those counters stood still ([`handoff::activity`]); and its TCP connections (`sock_diag`),
+//! only the ones already known while the counters move. The teardown waits until a sample
+//! shows that none of them has moved for the idle window, then ends gcsfuse (SIGKILL, or
+//! SIGTERM and SIGKILL after `term_wait`: gcsfuse v3.11.2 cannot unmount a `/dev/fd/N` mount,
+//! so it would serve on for 30 s) and
 //! reaps it. A gcsfuse still busy is left to the SIGKILL that ends drainfs at the grace
 //! period's end (the sidecar mounter's, 5 s after its SIGTERM), as the stock sidecar leaves
 //! it; drainfs SIGKILLs it itself only at the bound ([`handoff::give_up_at`]), past that.
@@ -170,17 +172,19 @@ impl DataPath for HandoffPath {
 }
 
 impl HandoffPath {
-    /// Reads gcsfuse's counters, its threads and its connections into the watch, dated when
-    /// the reads are done, and schedules the next read.
+    /// Reads gcsfuse's counters, then its threads and its connections unless the counters
+    /// moved ([`CpuWatch::skip`]: a busy gcsfuse costs one read of `/proc/PID/io` per sample,
+    /// plus the tie hold's lookups), into the watch, dated when the reads are done, and
+    /// schedules the next read.
     fn sample(&mut self) {
         let io = read_io(self.pid);
-        let cpu = read_cpu(self.pid);
-        let ran = self.cpu.busy(cpu);
-        let moved = ran
-            || match (self.watch.last(), io) {
-                (Some(a), Some(b)) => a.moved_to(&b),
-                (a, b) => a.is_some() != b.is_some(),
-            };
+        let pid = self.pid;
+        let mut cpu = None;
+        let (io_moved, ran) = handoff::activity(&self.watch, &mut self.cpu, io, || {
+            cpu = read_cpu(pid);
+            cpu
+        });
+        let moved = io_moved || ran;
         // Only while the counters stand still does a connection waiting count. With a tie hold
         // (a window under 2 s), every sample judges the connections, since a tie is told from
         // the socket's previous sample; without one, they are read only when it counts.

@@ -5,13 +5,14 @@
 //	                              SLEEP_MS, writes DIR/job-$HOSTNAME.exit (UNIX ns), exits 0
 //	testbin sidecar DIR           a native sidecar: writes DIR/sidecar-$HOSTNAME.start, then on
 //	                              SIGTERM writes DIR/sidecar-$HOSTNAME.term (UNIX ns) and exits 0
-//	testbin write [-pace-ms MS] DIR DATA N KIB
+//	testbin write [-pace-ms MS] [-linger-ms MS] DIR DATA N KIB
 //	                              a Job's workload on a bucket volume: writes
 //	                              DIR/job-$HOSTNAME.start, then N files DATA/part-I.bin of KIB
 //	                              KiB each (DATA made if missing; the content is Content(I,
 //	                              KIB), so whoever reads the bucket back can check it), each
 //	                              closed before the next and written in 16 pieces MS/16 ms
 //	                              apart (-pace-ms, default 0: the file is open that long), then
+//	                              sleeps -linger-ms (default 0: work that does no I/O), writes
 //	                              DIR/job-$HOSTNAME.exit, and exits 0. On SIGTERM or SIGINT it
 //	                              writes DIR/job-$HOSTNAME.term, finishes the file it is writing
 //	                              (a final checkpoint) and stops there.
@@ -112,6 +113,7 @@ func writeFiles(dir, data string, n, kib int, pace time.Duration, stop <-chan os
 func writeMode(args []string) int {
 	fs := flag.NewFlagSet("write", flag.ContinueOnError)
 	paceMs := fs.Int("pace-ms", 0, "ms each file is open for")
+	lingerMs := fs.Int("linger-ms", 0, "ms between the last close and the exit")
 	if fs.Parse(args) != nil || fs.NArg() != 4 {
 		return 2
 	}
@@ -138,6 +140,10 @@ func writeMode(args []string) int {
 		fmt.Fprintln(os.Stderr, "testbin write:", err)
 		rc = 1
 	} else {
+		select {
+		case <-stop:
+		case <-time.After(time.Duration(*lingerMs) * time.Millisecond):
+		}
 		stamp(dir, "job.exit")
 	}
 	fmt.Printf("closed %d of %d files\n", closed, n)
@@ -152,7 +158,7 @@ func waitSignal() os.Signal {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write [-pace-ms MS] DIR DATA N KIB")
+		fmt.Fprintln(os.Stderr, "usage: testbin pause | job DIR SLEEP_MS | sidecar DIR | write [-pace-ms MS] [-linger-ms MS] DIR DATA N KIB")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
