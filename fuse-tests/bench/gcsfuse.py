@@ -29,7 +29,9 @@ sixteen mounts at once:
 - only with `--targets`: `relay-0s`, the same as `relay` with `--spin 0s`; `relay-capped`, the
               same with `--split-large-requests false`, the kernel capped at the relay's 128 KiB
               instead of the relay splitting larger READs and WRITEs (what the relay did before
-              it split).
+              it split); `handoff-quiet`, the same as `handoff` with `DRAINFS_IDLE_SAMPLE=10s`
+              (drainfs reads gcsfuse's counters every 10 s instead of 50 ms: the control for
+              what the sampling costs gcsfuse).
 
 fio (fio/*.ini: 1 MiB sequential and 4 KiB random, read and write, numjobs 1 and 4) and mdbench
 (1 and 4 threads); each repetition runs every case on every target back to back, in an order
@@ -105,15 +107,18 @@ from benchlib import (  # noqa: E402
 log = benchlib.log
 
 TARGETS = ["raw", "auto", "never", "relay", "relay-threads", "stock", "stock-b", "handoff"]
-KNOWN_TARGETS = TARGETS + ["relay-0s", "relay-capped"]
+KNOWN_TARGETS = TARGETS + ["relay-0s", "relay-capped", "handoff-quiet"]
 # The targets mounted through the real sidecar mounter (fake-node-driver's CSI mode: the node
 # driver's mount with fd=N, the fd over the sidecar's socket, the sidecar as uid 65534), with
 # the gcsfuse the sidecar mounter runs: stock gcsfuse (twice: raw gcsfuse's spread against
 # itself), or drainfs's drop-in in its default hand-off mode.
-CSI_TARGETS = {"stock": "gcsfuse", "stock-b": "gcsfuse", "handoff": "dropin"}
+CSI_TARGETS = {"stock": "gcsfuse", "stock-b": "gcsfuse", "handoff": "dropin", "handoff-quiet": "dropin"}
+# The hand-off's sampling interval per target: `handoff-quiet` samples every 10 s (the control
+# for what drainfs's sampling costs gcsfuse: no sample falls inside a 5 s fio job's run but one).
+IDLE_SAMPLE = {"handoff-quiet": "10s"}
 # What each target's ratio is taken against: the hand-off against gcsfuse through the same fd
 # hand-off, everything else against gcsfuse on a directory.
-BASE = {"handoff": "stock", "stock-b": "stock"}
+BASE = {"handoff": "stock", "handoff-quiet": "stock", "stock-b": "stock"}
 # The relay's flags per relay target.
 RELAY_FLAGS = {"relay": [], "relay-threads": ["--pump", "threads"], "relay-0s": ["--spin", "0s"],
                "relay-capped": ["--split-large-requests", "false"]}
@@ -385,6 +390,8 @@ class Target:
             cmd = self.csi_cmd()
             env = dict(os.environ, DRAINFS_REAL_GCSFUSE=self.ctx.gcsfuse, DRAINFS_SUMMARY_FILE=self.summary_path)
             dropin_env(env, self.name)
+            if self.name in IDLE_SAMPLE:
+                env["DRAINFS_IDLE_SAMPLE"] = IDLE_SAMPLE[self.name]
         elif self.name == "raw":
             cmd = self.gcsfuse_argv(self.mnt)
         elif self.name in ("auto", "never"):
