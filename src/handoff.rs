@@ -188,7 +188,8 @@ impl CpuWatch {
     /// the previous one: true after a [`CpuWatch::skip`]. Without two readable samples in a
     /// row nothing is known, and the I/O counters and the connections decide alone: not busy.
     pub fn busy(&mut self, next: Option<CpuSample>) -> bool {
-        let busy = self.skipped || matches!((self.last, next), (Some(a), Some(b)) if a.moved_to(&b));
+        let busy =
+            self.skipped || matches!((self.last, next), (Some(a), Some(b)) if a.moved_to(&b));
         self.last = next;
         self.skipped = false;
         busy

@@ -305,7 +305,10 @@ fn threads_that_ran_are_activity() {
     assert!(!w.busy(None));
     assert!(!w.busy(Some(at(90_000_000))), "after an unreadable sample");
     w.skip();
-    assert!(w.busy(Some(at(90_000_000))), "the reading after a skipped one");
+    assert!(
+        w.busy(Some(at(90_000_000))),
+        "the reading after a skipped one"
+    );
     assert!(!w.busy(Some(at(90_000_000))));
     w.skip();
     assert!(w.busy(None), "after a skip, even an unreadable reading");
