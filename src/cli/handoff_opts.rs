@@ -18,19 +18,19 @@ pub struct HandoffArgs {
     /// and its HTTP connections alike) must stand still, with its threads not running
     /// (`/proc/PID/task/*`) and none of its TCP connections waiting for an answer, before
     /// gcsfuse counts as idle and is ended after a stop.
-    /// Stillness before the stop counts; a stop takes up to this long after the last I/O. A
-    /// connection whose last send, receive and ACK share one 4 ms timestamp step (which came
-    /// first cannot be told) keeps gcsfuse from being ended until 2 s after that step, the
-    /// window included, unless its previous sample shows one exchange answered within the
-    /// step (idle then, sent one segment since, received data), and without sight of the connections (no `sock_diag`) the window is
-    /// at least 2 s. 500 ms by default: inside uploads in flight at a stop, gcsfuse's longest
+    /// Stillness before the stop counts; a stop takes up to this long, plus one `--idle-sample`,
+    /// after the last I/O. A connection whose last send, receive and ACK share one 4 ms
+    /// timestamp step (which came first cannot be told) keeps gcsfuse from being ended until
+    /// 2 s after that step, the window included, unless its previous sample shows one exchange
+    /// answered within the step (idle then, sent one segment since, received data), and
+    /// without sight of the connections (no `sock_diag`) the window is at least 2 s. 500 ms by default: inside uploads in flight at a stop, gcsfuse's longest
     /// stillness measured was 156 ms (`handoff_stops.py --runs 300` on ceee154, 2026-12-06: 84
     /// uploads in flight, none cut). Accepts `2s`, `500ms`.
     #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "500ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 
-    /// How often gcsfuse's counters and threads are read (while serving too, so that
-    /// stillness before a stop counts).
+    /// How often gcsfuse's I/O counters are read (while serving too, so that stillness before
+    /// a stop counts); its threads are read only at a sample whose counters stood still.
     #[arg(long, env = "DRAINFS_IDLE_SAMPLE", value_parser = parse_duration, default_value = "50ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_sample: Duration,
 
