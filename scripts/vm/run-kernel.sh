@@ -34,7 +34,7 @@ while (($#)); do
 done
 (($#)) || { echo "run-kernel.sh: no command (after --)" >&2; exit 2; }
 case "$accel" in
-  tcg) accel_flags=(-accel tcg,thread=multi -cpu max) ;;
+  tcg) accel_flags=(-accel "tcg,thread=multi" -cpu max) ;;
   kvm) accel_flags=(-enable-kvm -cpu host) ;;
   *) echo "run-kernel.sh: --accel tcg or kvm" >&2; exit 2 ;;
 esac
