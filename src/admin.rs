@@ -9,7 +9,10 @@
 //!   mountpoint: `run --relay`), and the lower check is the daemon's process being up.
 //! - `GET /metrics`: Prometheus text format, read from the accounting atomics at scrape time
 //!   (nothing is added to the FUSE hot path).
-//! - `GET /status`: the lifecycle snapshot as JSON.
+//! - `GET /status`: the lifecycle snapshot as JSON; to a peer beyond loopback without the open
+//!   files' paths (`open_paths` empty, their number in `open_paths_hidden`). From inside the
+//!   pod (its loopback, `kubectl port-forward`, or `drainfs status` on the control socket) the
+//!   paths are listed.
 //! - `POST /drain`, `POST /quitquitquit`: loopback peers only (403 otherwise), POST only (405).
 //!
 //! It runs on the control-plane runtime; probe syscalls run on their own threads, at most one
@@ -325,8 +328,12 @@ async fn metrics_handler(State(app): State<App>) -> Response {
     }
 }
 
-async fn status(State(app): State<App>) -> Response {
-    axum::Json(app.control.shared.snapshot()).into_response()
+async fn status(State(app): State<App>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Response {
+    let mut snap = app.control.shared.snapshot();
+    if !peer.ip().is_loopback() {
+        snap.hide_paths();
+    }
+    axum::Json(snap).into_response()
 }
 
 fn loopback_only(peer: &SocketAddr) -> Option<Response> {

@@ -363,6 +363,40 @@ fn quitquitquit_is_post_only_and_loopback_only() {
     assert!(!is_mounted(&m.mnt));
 }
 
+#[test]
+fn status_names_open_files_only_to_loopback_peers() {
+    // Bound on every address, as the relay image's 0.0.0.0:29090: a peer beyond the pod gets
+    // the counts, not the workload's file names.
+    let addr = free_addr("0.0.0.0");
+    let (mut m, _sock, _ready) = start("0", &["--admin-addr", &addr]);
+    m.wait_serving(Duration::from_secs(20));
+    let base = admin_base(&m);
+    std::fs::write(m.path("secret-name.bin"), b"x").unwrap();
+    let held = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("secret-name.bin"))
+        .unwrap();
+    let local: serde_json::Value = serde_json::from_str(&get(&base, "/status").1).unwrap();
+    assert_eq!(local["open_paths"][0][0], "secret-name.bin", "{local}");
+    assert!(local.get("open_paths_hidden").is_none(), "{local}");
+    let ip = non_loopback_ipv4().expect(
+        "a non-loopback IPv4 address on this machine (`hostname -I`), to reach the admin server \
+         from beyond loopback",
+    );
+    let port = base.rsplit(':').next().unwrap();
+    let (code, body) = get(&format!("http://{ip}:{port}"), "/status");
+    assert_eq!(code, 200, "{body}");
+    let remote: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(remote["open_paths"], serde_json::json!([]), "{remote}");
+    assert_eq!(remote["open_paths_hidden"], 1, "{remote}");
+    assert_eq!(remote["outstanding"]["open_write"], 1, "{remote}");
+    assert!(!body.contains("secret-name"), "{body}");
+    drop(held);
+    assert_eq!(post(&base, "/quitquitquit"), 200);
+    let st = m.proc.wait_timeout(Duration::from_secs(20)).expect("exits");
+    assert_eq!(st.code(), Some(0), "{}", m.proc.stderr_text());
+}
+
 fn non_loopback_ipv4() -> Option<String> {
     let out = Command::new("hostname").arg("-I").output().ok()?;
     String::from_utf8_lossy(&out.stdout)

@@ -64,9 +64,13 @@ pub struct Snapshot {
     pub outstanding: Outstanding,
     /// In-flight requests by operation (only non-zero ones).
     pub in_flight_by_op: Vec<(String, i64)>,
-    /// Paths still open (capped at 50), with their mode (mount only: the relay sees handles,
-    /// not paths).
+    /// Paths still open (capped at 50), with their mode (the relay names a file by the names it
+    /// saw in LOOKUP and CREATE). Empty when [`Snapshot::hide_paths`] took them out.
     pub open_paths: Vec<(String, crate::accounting::HandleMode)>,
+    /// How many paths [`Snapshot::hide_paths`] took out of `open_paths` (absent when none
+    /// were hidden: a local reader's snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_paths_hidden: Option<usize>,
     /// `mount` or `relay`.
     pub data_path: &'static str,
     /// The relay's INIT caps, socket buffers and counters (relay only).
@@ -267,6 +271,7 @@ impl Shared {
                 })
                 .collect(),
             open_paths: Vec::new(),
+            open_paths_hidden: None,
             data_path: self.data_path,
             relay: None,
             init: i.init.clone(),
@@ -292,6 +297,16 @@ impl Shared {
             .lock()
             .deadline
             .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+impl Snapshot {
+    /// Takes the open files' paths out, keeping their number in `open_paths_hidden`: what the
+    /// admin server's `/status` answers a peer beyond loopback (file names are the workload's
+    /// data; the counts, phase and cause are not).
+    pub fn hide_paths(&mut self) {
+        self.open_paths_hidden = Some(self.open_paths.len());
+        self.open_paths.clear();
     }
 }
 
