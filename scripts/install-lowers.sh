@@ -19,7 +19,18 @@
 #   $ROOT/bin/{gcsfuse,gcs-fuse-csi-driver-sidecar-mounter}            built binaries
 #   $ROOT/go/                        stamps of the Go builds (rebuilt when a pin changes)
 #   $ROOT/paths.txt                  what this script prints
+#
+# --arm64 also cross-builds the two Go peers for linux/arm64 (GOARCH=arm64, same pins and flags)
+# into $ROOT/bin/arm64/{gcsfuse,gcs-fuse-csi-driver-sidecar-mounter}, for the arm64 images
+# (docker/image/build.sh); they are not run here.
 set -euo pipefail
+
+ARM64=0
+case "${1:-}" in
+    "") ;;
+    --arm64) ARM64=1 ;;
+    *) echo "usage: $0 [--arm64]" >&2; exit 2 ;;
+esac
 
 ROOT="${DRAINFS_LOWERS_ROOT:-/opt/drainfs-lowers}"
 PYTHON="${PYTHON:-python3}"
@@ -132,6 +143,24 @@ build_go gcs-fuse-csi-driver-sidecar-mounter \
     "sidecar $SIDECAR_VERSION $(sha256sum "$SIDECAR_SRC/SHA256SUMS" | cut -d' ' -f1) $GO_VER" \
     sh -c 'cd "$1" && go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$2" -o "$3" ./cmd/sidecar_mounter' \
         sh "$SIDECAR_SRC" "$SIDECAR_VERSION" "$ROOT/bin/gcs-fuse-csi-driver-sidecar-mounter"
+if [ "$ARM64" = 1 ]; then
+    # `go install` will not write a cross-compiled binary to GOBIN: it goes to
+    # GOPATH/bin/linux_arm64 (a GOPATH of its own; the module cache stays the shared one).
+    mkdir -p "$ROOT/bin/arm64" "$ROOT/go/arm64"
+    build_go arm64/gcsfuse "gcsfuse $GCSFUSE_VERSION $GO_VER arm64" \
+        sh -c 'GOARCH=arm64 GOBIN= GOPATH="$1/go/arm64/gopath" GOMODCACHE="$2" go install \
+                -ldflags "-s -w -X github.com/googlecloudplatform/gcsfuse/v3/common.gcsfuseVersion=$3" \
+                "github.com/googlecloudplatform/gcsfuse/v3@v$3" \
+            && install -m 0755 "$1/go/arm64/gopath/bin/linux_arm64/gcsfuse" "$1/bin/arm64/gcsfuse"' \
+        sh "$ROOT" "$(go env GOMODCACHE)" "$GCSFUSE_VERSION"
+    build_go arm64/gcs-fuse-csi-driver-sidecar-mounter \
+        "sidecar $SIDECAR_VERSION $(sha256sum "$SIDECAR_SRC/SHA256SUMS" | cut -d' ' -f1) $GO_VER arm64" \
+        sh -c 'cd "$1" && GOARCH=arm64 go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$2" -o "$3" ./cmd/sidecar_mounter' \
+            sh "$SIDECAR_SRC" "$SIDECAR_VERSION" "$ROOT/bin/arm64/gcs-fuse-csi-driver-sidecar-mounter"
+    for b in gcsfuse gcs-fuse-csi-driver-sidecar-mounter; do
+        readelf -h "$ROOT/bin/arm64/$b" | grep -q 'Machine:.*AArch64' || die "$ROOT/bin/arm64/$b is not an arm64 binary"
+    done
+fi
 
 # ---- locate binaries, make stable symlinks, check they run
 FAKE_GCS="$("$VENV/bin/python" -c \

@@ -122,10 +122,11 @@ bash docker/check-context.sh
 step "monitoring: alert rules and their tests (promtool), dashboard expressions, metric names"
 DRAINFS_BIN="$PWD/target/debug/drainfs" bash docker/monitoring/check.sh
 
-step "images: static drainfs, OCI archives (umoci, skopeo), the GKE overlay (umoci and the Dockerfile with buildah), run in runc in the pod's shape"
+step "images, amd64 and arm64: static drainfs, OCI indexes (umoci, skopeo), the GKE overlay (umoci and the Dockerfile with buildah), run in runc in the pod's shape (arm64 under qemu)"
 bash docker/image/build.sh
 bash docker/image/buildah-overlay.sh
 bash docker/image/static-root-test.sh
+bash docker/image/static-root-test.sh --arch arm64
 # The lint virtualenv docker/check.sh installed has jsonschema, for the summary schema check.
 "${DRAINFS_LINT_VENV:-/opt/drainfs-docker-lint/venv}/bin/python" docker/image/run-test.py
 

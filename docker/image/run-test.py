@@ -3,7 +3,7 @@
 peers and a fake-gcs-server on loopback, and checks the outcome where Kubernetes shows it.
 
 Usage (root): docker/image/run-test.py [relay] [relay-held] [sidecar] [gke-overlay] [gke-overlay-numa]
-                                                                             (default: all)
+                                        [gke-overlay-arm64]                  (default: all)
 
 relay   (target/images/oci:relay, GKE's layout): as GKE's webhook injects it, uid/gid 65534,
         no capabilities, no_new_privs, read-only root, no /dev/fuse; the emptyDirs
@@ -32,6 +32,16 @@ gke-overlay-numa: the same with the node driver's `gcs-fuse-numa-node=0` option 
         numactl; drainfs and gcsfuse must run bound to node 0 (every mapping's policy `bind:0` in
         /proc/PID/numa_maps, node 0's CPUs), the sidecar mounter itself unbound (the plain
         gke-overlay run checks that nothing is bound without the option).
+
+gke-overlay-arm64: the gke-overlay run on the arm64 image (target/images/oci:gke-overlay-arm64:
+        the arm64 stand-in, the arm64 drainfs, gcsfuse and sidecar mounter) under qemu's user-mode
+        emulation (Debian's qemu-user-static 7.2, registered with binfmt_misc for aarch64 ELF
+        files, with the F flag, so that runc's exec inside the container finds it: this script
+        mounts binfmt_misc and registers Debian's /usr/lib/binfmt.d/qemu-aarch64.conf when they are
+        missing, and leaves them registered). The node driver (this script) and the kernel's
+        FUSE are the host's; the sidecar mounter, drainfs and gcsfuse run as arm64 code, checked
+        by their /proc/PID/exe (the emulator). Same checks as gke-overlay, the stop bounded as
+        there (before the sidecar mounter's SIGKILL at 5 s).
 
 relay-held: the relay image again, with a file that stays open for writing past the stop: the
         container still exits 0 (the sidecar mounter's status), drainfs forces its stop before
@@ -178,7 +188,9 @@ def unpack(stack, tag, workdir):
     # against an older build).
     other = os.environ.get("DRAINFS_IMAGE_DRAINFS")
     if other:
-        dest = {"relay": "gcsfuse", "gke-overlay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}[tag]
+        dest = {"relay": "gcsfuse", "gke-overlay": "gcsfuse", "sidecar": "usr/local/bin/drainfs"}.get(tag)
+        if dest is None:
+            raise SystemExit(f"run-test.py: DRAINFS_IMAGE_DRAINFS does not apply to {tag}")
         shutil.copy(other, os.path.join(bundle, "rootfs", dest))
     with open(os.path.join(bundle, "config.json")) as f:
         return bundle, json.load(f)
@@ -488,12 +500,32 @@ def descendants(pid):
 
 
 def same_file(pid, path):
-    """Whether process pid runs the file at path (the same inode: /proc/PID/exe leads to it)."""
+    """Whether process pid runs the file at path: /proc/PID/exe leads to the same inode, or, for a
+    program run by an emulator through binfmt_misc (whose /proc/PID/exe is the emulator), the
+    program's file is mapped in the process (/proc/PID/maps: device major:minor and inode)."""
     try:
         a, b = os.stat(f"/proc/{pid}/exe"), os.stat(path)
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+        return True
+    want = (f"{os.major(b.st_dev):02x}:{os.minor(b.st_dev):02x}", str(b.st_ino))
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any(tuple(l.split()[3:5]) == want for l in f if len(l.split()) >= 6)
+    except OSError:
+        return False
+
+
+def ensure_binfmt_aarch64():
+    """binfmt_misc set up to run aarch64 programs with qemu (docker/image/binfmt-arm64.sh).
+    Returns the emulator's path, or None (with the reason printed) when it cannot be set up."""
+    r = subprocess.run(["bash", os.path.join(REPO, "docker", "image", "binfmt-arm64.sh")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"  binfmt-arm64.sh: {r.stderr.strip()}")
+        return None
+    return r.stdout.strip()
 
 
 def numa_state(pid):
@@ -533,7 +565,7 @@ def overlay_processes(name, c, bundle):
     return None
 
 
-def test_overlay(stack, workdir, numa_node=None):
+def test_overlay(stack, workdir, numa_node=None, arch=None):
     """GKE's sidecar image plus drainfs (target/images/oci:gke-overlay: the stand-in for GKE's
     image with the Dockerfile's overlay layer) as GKE runs it, the workload's files all closed
     before the SIGTERM (as the kubelet sends it to a native sidecar once the workload exited).
@@ -543,17 +575,30 @@ def test_overlay(stack, workdir, numa_node=None):
     added, seccomp unconfined, still uid 65534): the sidecar mounter's `numactl
     --cpunodebind=N --membind=N /gcsfuse ...` must start drainfs and gcsfuse bound to the node."""
     name = "gke-overlay" if numa_node is None else "gke-overlay-numa"
+    tag = "gke-overlay"
+    emulator = None
+    if arch is not None:
+        name = tag = f"gke-overlay-{arch}"
+        emulator = ensure_binfmt_aarch64()
+        check(emulator is not None, f"{name}: binfmt_misc runs aarch64 programs with qemu (docker/image/binfmt-arm64.sh)")
+        if emulator is None:
+            return
     print(f"==> {name}: GKE's sidecar image (stand-in) + drainfs under its sidecar mounter, uid 65534"
-          + ("" if numa_node is None else f", gcs-fuse-numa-node={numa_node}"))
+          + ("" if numa_node is None else f", gcs-fuse-numa-node={numa_node}")
+          + ("" if emulator is None else f", arm64 code under {emulator}"))
     options = () if numa_node is None else (f"gcs-fuse-numa-node={numa_node}",)
     caps = () if numa_node is None else ("CAP_SYS_NICE",)
-    started = start_managed(stack, workdir, name, "gke-overlay", caps=caps, options=options)
+    started = start_managed(stack, workdir, name, tag, caps=caps, options=options)
     if started is None:
         return
     port, c, spec, target, term_log, error_file = started
-    bundle = os.path.join(workdir, "bundle-gke-overlay")
+    bundle = os.path.join(workdir, f"bundle-{tag}")
     procs = overlay_processes(name, c, bundle)
-    if procs:
+    if procs and emulator is not None:
+        exes = {p: os.path.realpath(f"/proc/{p}/exe") for p in procs}
+        check(all(os.path.basename(e).startswith("qemu-aarch64") for e in exes.values()),
+              f"{name}: the sidecar mounter, drainfs and gcsfuse run as arm64 code under the emulator ({exes})")
+    if procs and emulator is None:
         init, drainfs, gcsfuse = procs
         pol_init, _ = numa_state(init)
         pol_d, cpus_d = numa_state(drainfs)
@@ -758,7 +803,8 @@ def main():
     tests = {"relay": test_relay, "sidecar": test_sidecar,
              "relay-held": lambda st, wd: test_relay(st, wd, held=True),
              "gke-overlay": test_overlay,
-             "gke-overlay-numa": lambda st, wd: test_overlay(st, wd, numa_node=0)}
+             "gke-overlay-numa": lambda st, wd: test_overlay(st, wd, numa_node=0),
+             "gke-overlay-arm64": lambda st, wd: test_overlay(st, wd, arch="arm64")}
     which = sys.argv[1:] or list(tests)
     for w in which:
         if w not in tests:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Puts the images of the four arrangements drainfs-pods.py runs into the node's containerd
 # (k8s.io namespace), for the kubelet up.sh started:
-#   the project's two OCI archives, as docker/image/build.sh writes them (built first when
-#   missing, or with --build):
-#     target/images/drainfs-sidecar.tar  -> drainfs:VERSION (tagged docker.io/library/drainfs:VERSION)
-#     target/images/gcsfuse-relay.tar    -> gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.VERSION
-#                                           (tagged docker.io/library/... likewise)
+#   the project's two images, as docker/image/build.sh builds them (built first when missing,
+#   or with --build), this host's architecture (the layout's `sidecar` and `relay` tags: the
+#   images build.sh's two archives index for amd64 and arm64), written by skopeo into
+#   $K8S_NODE_ROOT/images/{drainfs-sidecar,gcsfuse-relay}.tar under the archives' names:
+#     drainfs-sidecar.tar  -> drainfs:VERSION (tagged docker.io/library/drainfs:VERSION)
+#     gcsfuse-relay.tar    -> gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.VERSION
+#                             (tagged docker.io/library/... likewise)
 #   the managed path's default image, the gke-overlay tag build.sh makes in target/images/oci
 #   (docker/Dockerfile's gke-overlay target on the stand-in for GKE's sidecar image), written
 #   by skopeo into $K8S_NODE_ROOT/images/gke-overlay.tar
@@ -56,13 +58,17 @@ rm -rf "$stock_rootfs" "$out/oci-stock"
 rm -f "$out/gke-overlay.tar"
 skopeo copy --quiet "oci:$images/oci:gke-overlay" \
   "oci-archive:$out/gke-overlay.tar:local.drainfs/gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke-overlay"
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
+rm -f "$out/drainfs-sidecar.tar" "$out/gcsfuse-relay.tar"
+skopeo copy --quiet "oci:$images/oci:sidecar" "oci-archive:$out/drainfs-sidecar.tar:drainfs:$version"
+skopeo copy --quiet "oci:$images/oci:relay" \
+  "oci-archive:$out/gcsfuse-relay.tar:gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.$version"
 
-for a in "$images/drainfs-sidecar.tar" "$images/gcsfuse-relay.tar" "$out/gke-sidecar-stock.tar" "$out/gke-overlay.tar"; do
+for a in "$out/drainfs-sidecar.tar" "$out/gcsfuse-relay.tar" "$out/gke-sidecar-stock.tar" "$out/gke-overlay.tar"; do
   ctr_ images import "$a" >/dev/null 2>&1 || { echo "drainfs-images.sh: import of $a failed" >&2; exit 1; }
 done
 # The archives name the two project images without a registry (drainfs:VERSION); the CRI looks a
 # pod's `image: drainfs:VERSION` up under its normalized name, docker.io/library/drainfs:VERSION.
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
 for n in "drainfs:$version" "gcs-fuse-csi-driver-sidecar-mounter:v1.24.4-gke.0-drainfs.$version"; do
   ctr_ images tag --force "$n" "docker.io/library/$n" >/dev/null 2>&1 \
     || { echo "drainfs-images.sh: $n was not imported" >&2; exit 1; }
