@@ -30,7 +30,8 @@
 # same script). Tools: umoci (writes the layers and the config into an OCI layout, as an
 # unprivileged file operation: no daemon, no storage driver, no mounts) and skopeo (layout to
 # archive, and what a user pushes with). Installs them, the cross toolchain and qemu-user-static
-# with apt-get when missing. DRAINFS_IMAGE_ARCHES="amd64" builds this host's architecture only.
+# with apt-get when missing. DRAINFS_IMAGE_ARCHES="amd64" builds this host's architecture only;
+# from a host that is not amd64, only its own architecture is built.
 #
 # The relay image's environment reaches drainfs (the sidecar mounter passes its own to /gcsfuse;
 # the webhook discards the pod's env for the sidecar): it sets DRAINFS_ADMIN_ADDR from
@@ -61,12 +62,20 @@ if ((${#need[@]})); then
 fi
 
 host_arch=$(dpkg --print-architecture)
-read -r -a arches <<<"${DRAINFS_IMAGE_ARCHES:-amd64 arm64}"
+# Both from an amd64 host (the cross toolchain and the emulator are amd64's); elsewhere the
+# host's own architecture only.
+default_arches="amd64 arm64"
+[[ $host_arch == amd64 ]] || default_arches=$host_arch
+read -r -a arches <<<"${DRAINFS_IMAGE_ARCHES:-$default_arches}"
 for a in "${arches[@]}"; do
   case "$a" in amd64 | arm64) ;; *) echo "build.sh: DRAINFS_IMAGE_ARCHES: no '$a' (amd64, arm64)" >&2; exit 2 ;; esac
 done
 [[ " ${arches[*]} " == *" $host_arch "* ]] \
   || { echo "build.sh: DRAINFS_IMAGE_ARCHES must include this host's $host_arch (the images the suite runs)" >&2; exit 2; }
+if [[ $host_arch != amd64 && "${arches[*]}" != "$host_arch" ]]; then
+  echo "build.sh: from a $host_arch host only $host_arch is built (DRAINFS_IMAGE_ARCHES=$host_arch)" >&2
+  exit 2
+fi
 if [[ " ${arches[*]} " == *" arm64 "* && $host_arch != arm64 ]]; then
   # The cross toolchain (linker, strip, static glibc) and the emulator the checks run arm64 under.
   cross=()
