@@ -330,14 +330,20 @@ async fn metrics_handler(State(app): State<App>) -> Response {
 
 async fn status(State(app): State<App>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Response {
     let mut snap = app.control.shared.snapshot();
-    if !peer.ip().is_loopback() {
+    if !loopback(peer) {
         snap.hide_paths();
     }
     axum::Json(snap).into_response()
 }
 
+/// Whether `peer` is on loopback: 127.0.0.0/8 or `::1`, and an IPv4 loopback address as a
+/// dual-stack `[::]` socket reports it (`::ffff:127.0.0.1`).
+fn loopback(peer: SocketAddr) -> bool {
+    peer.ip().to_canonical().is_loopback()
+}
+
 fn loopback_only(peer: &SocketAddr) -> Option<Response> {
-    if peer.ip().is_loopback() {
+    if loopback(*peer) {
         None
     } else {
         Some((StatusCode::FORBIDDEN, "loopback only\n").into_response())
@@ -371,4 +377,24 @@ async fn method_not_allowed() -> Response {
         "POST only\n",
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback;
+
+    #[test]
+    fn loopback_peers_include_ipv4_mapped_ones() {
+        for (addr, want) in [
+            ("127.0.0.1:1", true),
+            ("127.3.4.5:1", true),
+            ("[::1]:1", true),
+            ("[::ffff:127.0.0.1]:1", true),
+            ("192.0.2.2:1", false),
+            ("[::ffff:192.0.2.2]:1", false),
+            ("[fd00::2]:1", false),
+        ] {
+            assert_eq!(loopback(addr.parse().unwrap()), want, "{addr}");
+        }
+    }
 }
