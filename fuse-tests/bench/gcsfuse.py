@@ -992,8 +992,8 @@ def handoff_verdicts(ctx, raw):
 
 def handoff_pooled(raw, resamples=4000):
     """Every fio job and repetition at once: the geometric means of the per-repetition ratios
-    handoff/stock and stock-b/stock (each repetition ran the three targets back to back, so a
-    pair shares the machine's state), their quotient (the hand-off against stock's own noise)
+    handoff/stock and stock-b/stock (each repetition ran the three targets back to back, in an
+    order rotated per repetition, so a pair shares the machine's state), their quotient (the hand-off against stock's own noise)
     with a 95% bootstrap interval over the pairs (seeded: the same data give the same
     interval), and the same for CPU per GiB (gcsfuse + drainfs). Lines of text; none without
     stock-b."""

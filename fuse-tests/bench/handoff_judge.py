@@ -6,8 +6,9 @@ gcsfuse.sh judges each fio job by its medians: handoff / stock >= 0.98, or no fu
 than stock-b / stock (stock again, its own mount and gcsfuse). With 5-9 repetitions on a noisy
 machine that verdict flips from run to run on the same code. This script asks the question
 the repetitions can answer: is there a cost? Each repetition ran the three targets back to
-back, so it gives one paired ratio handoff / stock-b (the hand-off against stock's own second
-run, which ran just before it). Per fio job, over every repetition of every run given:
+back (the order rotated from one repetition to the next), so it gives one paired ratio
+handoff / stock-b (the hand-off against stock's own second run in the same repetition). Per
+fio job, over every repetition of every run given:
 
   * the geometric mean of handoff / stock-b, and its 95% bootstrap interval (4000 resamples of
     the pairs, seeded: the same files give the same interval);
