@@ -45,8 +45,9 @@ pub enum Command {
     /// on a trigger, drain, stop COMMAND by closing its socket, and exit with the outcome (0
     /// clean, 69 COMMAND failed or died, 75 forced with work outstanding; a COMMAND killed by a
     /// signal ends drainfs by the same signal). Its deadline is `--grace-period`, 5 s by
-    /// default (GKE's sidecar mounter SIGKILLs 5 s after its SIGTERM). This is what the gcsfuse
-    /// drop-in runs (see the end of `drainfs --help`).
+    /// default (GKE's sidecar mounter SIGKILLs 5 s after its SIGTERM). The gcsfuse drop-in runs
+    /// it for a volume with `drainfs-mode=relay` or under `DRAINFS_DROPIN_MODE=relay`; its
+    /// default is `handoff` (see the end of `drainfs --help`).
     Relay(Box<RelayArgs>),
     /// Hand the inherited FUSE connection (COMMAND's `/dev/fd/N` argument, as GKE's sidecar
     /// mounter passes it) to COMMAND untouched: start COMMAND with drainfs's own argv,
