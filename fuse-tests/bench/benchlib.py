@@ -173,6 +173,17 @@ def free_port():
 # workloads
 
 
+def geo_interval(logs, resamples=4000):
+    """(geometric mean, 2.5th, 97.5th percentile of a bootstrap of the mean) of a list of
+    log-ratios: `resamples` resamples with replacement, seeded, so the same data give the same
+    interval."""
+    import random
+    rnd = random.Random(1)
+    n = len(logs)
+    qs = sorted(math.exp(statistics.fmean(logs[rnd.randrange(n)] for _ in range(n))) for _ in range(resamples))
+    return math.exp(statistics.fmean(logs)), qs[int(0.025 * resamples)], qs[int(0.975 * resamples) - 1]
+
+
 def rotated(targets, rep):
     """`targets` rotated by `rep` (each repetition starts with another target)."""
     k = rep % len(targets)

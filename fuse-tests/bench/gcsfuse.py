@@ -998,7 +998,6 @@ def handoff_pooled(raw, resamples=4000):
     interval), and the same for CPU per GiB (gcsfuse + drainfs). Lines of text; none without
     stock-b."""
     import math
-    import random
     fio, cpu = raw.get("fio", {}), raw.get("cpu_per_gib", {})
     jobs = sorted({k.rsplit("/", 1)[0] for k in fio if k.endswith("/stock")})
     lh, lb, ch, cb = [], [], [], []
@@ -1021,22 +1020,12 @@ def handoff_pooled(raw, resamples=4000):
     def gm(xs):
         return math.exp(statistics.fmean(xs))
 
-    def interval(a, b):
-        rnd = random.Random(1)
-        n = len(a)
-        qs = []
-        for _ in range(resamples):
-            idx = [rnd.randrange(n) for _ in range(n)]
-            qs.append(math.exp(statistics.fmean(a[i] - b[i] for i in idx)))
-        qs.sort()
-        return qs[int(0.025 * resamples)], qs[int(0.975 * resamples) - 1]
-
-    lo, hi = interval(lh, lb)
+    _, lo, hi = benchlib.geo_interval([a - b for a, b in zip(lh, lb)], resamples)
     out = [f"pooled over {len(jobs)} fio jobs x their reps ({len(lh)} pairs): throughput handoff/stock {gm(lh):.3f},"
            f" stock-b/stock {gm(lb):.3f} (geometric means of the per-rep ratios); handoff against stock-b's"
            f" distance {gm(lh) / gm(lb):.3f}, 95% bootstrap interval {lo:.3f}-{hi:.3f}"]
     if ch:
-        lo, hi = interval(ch, cb)
+        _, lo, hi = benchlib.geo_interval([a - b for a, b in zip(ch, cb)], resamples)
         out.append(f"pooled CPU per GiB ({len(ch)} pairs): handoff (gcsfuse + drainfs)/stock {gm(ch):.3f},"
                    f" stock-b/stock {gm(cb):.3f}; handoff against stock-b's distance {gm(ch) / gm(cb):.3f},"
                    f" 95% bootstrap interval {lo:.3f}-{hi:.3f}")

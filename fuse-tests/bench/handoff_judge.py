@@ -26,21 +26,15 @@ from __future__ import annotations
 
 import json
 import math
-import random
+import os
 import statistics
 import sys
 
-RESAMPLES = 4000
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import geo_interval as interval  # noqa: E402
+
 GOAL = 0.98
 CPU_TOLERANCE = 1.02
-
-
-def interval(logs: list[float]) -> tuple[float, float, float]:
-    """(geometric mean, 2.5th, 97.5th percentile of the bootstrap) of the log-ratios."""
-    rnd = random.Random(1)
-    n = len(logs)
-    qs = sorted(math.exp(statistics.fmean(logs[rnd.randrange(n)] for _ in range(n))) for _ in range(RESAMPLES))
-    return math.exp(statistics.fmean(logs)), qs[int(0.025 * RESAMPLES)], qs[int(0.975 * RESAMPLES) - 1]
 
 
 def main(paths: list[str]) -> int:
