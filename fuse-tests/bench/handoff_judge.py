@@ -18,7 +18,9 @@ fio job, over every repetition of every run given:
     extra CPU shown` when the interval reaches 1.02, `EXTRA CPU` when it lies wholly above;
   * handoff / stock and stock-b / stock (geometric means), for reference.
 
-Then the same pooled over every job. Usage: handoff_judge.py RESULTS.json [RESULTS.json ...]
+Then the same pooled over every job, and per run the control that shows what the median rule
+can resolve: on how many jobs the median of handoff / stock falls below 0.98, and on how many
+the median of stock-b / stock does (raw gcsfuse against itself, the same bar). Usage: handoff_judge.py RESULTS.json [RESULTS.json ...]
 Exit 0 when no job shows a cost or extra CPU, 1 when one does, 2 on bad input. Python 3
 stdlib only.
 """
@@ -104,6 +106,21 @@ def main(paths: list[str]) -> int:
         print(f"; CPU per GiB handoff/stock-b {cm:.3f} ({clo:.3f}-{chi:.3f})")
     else:
         print()
+    for p, _, raw in runs:
+        f = raw["fio"]
+        below = {"handoff": 0, "stock-b": 0}
+        n = 0
+        for j in jobs:
+            s = f.get(f"{j}/stock")
+            if not s:
+                continue
+            n += 1
+            for t in below:
+                r = [x / b for x, b in zip(f.get(f"{j}/{t}") or [], s) if b > 0]
+                if r and statistics.median(r) < GOAL:
+                    below[t] += 1
+        print(f"median rule, {p}: median of handoff/stock below {GOAL} on {below['handoff']} of {n} jobs; "
+              f"stock-b/stock (raw gcsfuse against itself) below {GOAL} on {below['stock-b']} of {n}")
     print(f"jobs with a cost beyond {GOAL}x or CPU beyond +{CPU_TOLERANCE - 1:.0%} shown: "
           + (", ".join(bad) if bad else f"none of {len(rows) - 1}"))
     return 1 if bad else 0
