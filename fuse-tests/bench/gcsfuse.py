@@ -933,6 +933,9 @@ def handoff_verdicts(ctx, raw):
               "stock-b/stock", "handoff/stock", f"goal: equal (+{HANDOFF_CPU_TOLERANCE:.0%} or stock's spread)"]]
     t_met = t_total = c_met = c_total = 0
     t_miss, c_miss = [], []
+    # The control: on how many jobs raw gcsfuse against itself (stock-b / stock) falls below
+    # the same bar by the same medians.
+    self_below = 0
     for cache in CACHES:
         for key, _, _, unit in benchlib.FIO_JOBS:
             for nj in ctx.p["numjobs"]:
@@ -945,6 +948,8 @@ def handoff_verdicts(ctx, raw):
                     self_r = m["stock-b"] / m["stock"] if m["stock-b"] is not None else None
                     noise = abs(self_r - 1) if self_r is not None else 0.0
                     t_total += 1
+                    if self_r is not None and self_r < goal:
+                        self_below += 1
                     if not judged:
                         verdict = f"not judged ({reps} reps < {HANDOFF_MIN_REPS})"
                     elif ratio >= goal:
@@ -981,6 +986,9 @@ def handoff_verdicts(ctx, raw):
                  + (f"; NOT MET on: {', '.join(t_miss)}" if t_miss else ""),
                  f"handoff CPU per GiB equal to stock's: met on {c_met} of {c_total} fio jobs"
                  + (f"; NOT MET on: {', '.join(c_miss)}" if c_miss else "")]
+        if have_b:
+            lines.append(f"control: stock-b / stock (raw gcsfuse against itself) below {goal}x by the same medians "
+                         f"on {self_below} of {t_total} fio jobs")
     else:
         lines = [f"handoff goals NOT JUDGED: {reps} interleaved reps, the goals need at least {HANDOFF_MIN_REPS} (--reps)"]
     if not have_b:
