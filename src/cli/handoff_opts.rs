@@ -23,9 +23,10 @@ pub struct HandoffArgs {
     /// timestamp step (which came first cannot be told) keeps gcsfuse from being ended until
     /// 2 s after that step, the window included, unless its previous sample shows one exchange
     /// answered within the step (idle then, sent one segment since, received data), and
-    /// without sight of the connections (no `sock_diag`) the window is at least 2 s. 500 ms by default: inside uploads in flight at a stop, gcsfuse's longest
-    /// stillness measured was 156 ms (`handoff_stops.py --runs 300` on ceee154, 2026-12-06: 84
-    /// uploads in flight, none cut). Accepts `2s`, `500ms`.
+    /// without sight of the connections (no `sock_diag`) the window is at least 2 s. 500 ms by
+    /// default: in 300 randomized stops at b201aff, 77 uploads in flight at the stop, none cut
+    /// and none taken for idle before its `close()` ended
+    /// (docs/results/2026-12-07-handoff-stops-300-b201aff.txt). Accepts `2s`, `500ms`.
     #[arg(long, env = "DRAINFS_IDLE_WINDOW", value_parser = parse_duration, default_value = "500ms", help_heading = HEADING_SHUTDOWN)]
     pub idle_window: Duration,
 
