@@ -9,7 +9,7 @@
 # it writes; stalled: deleted with the bucket stopped, drainfs's grace deadline), and stops the
 # node (down.sh) on every exit path, failing if anything of it is left. About 3 minutes.
 #
-# It needs the kubelet, containerd and crictl that install.sh builds and caches (about 20-40
+# It needs the kubelet, containerd and crictl that install.sh builds and caches (tens of
 # minutes on 2 cores the first time, seconds afterwards). When they are not built, it builds
 # them only with DRAINFS_K8S_BUILD=1; otherwise it prints NOT RUN with the reason and exits 0,
 # so that the suite stays within CI's budget on a machine without them (the step's line in the
