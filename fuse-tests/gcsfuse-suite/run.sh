@@ -8,8 +8,8 @@
 #   fuse-tests/gcsfuse-suite/run.sh            full run: 9 packages, their flag sets, 5 paths
 #   fuse-tests/gcsfuse-suite/run.sh --smoke    CI: every package but concurrent_operations and
 #                                              read_large_files, first flag set each, paths
-#                                              raw/auto/never/relay (about 2 minutes; the first
-#                                              build of the test binaries about 5 more)
+#                                              raw/auto/never/relay (a few minutes; the first
+#                                              build of the test binaries some more)
 #
 # Other options go to suite.py (--packages a,b --paths raw,auto,... --all-flag-sets
 # --first-flag-set --timeout S --full-table --results DIR); --no-build skips the cargo build.
