@@ -3,8 +3,8 @@
 # through `drainfs relay` (128 KiB default message cap, and the largest cap the buffers allow),
 # mounts made by fake-node-driver as GKE's CSI driver makes them, socket buffers 212992.
 #
-#   fuse-tests/bench/relay.sh            full run (~13 min): 3 interleaved reps, fio 8 s per job
-#   fuse-tests/bench/relay.sh --smoke    quick check (~30 s after the build): every part, tiny sizes
+#   fuse-tests/bench/relay.sh            full run: 3 interleaved reps, fio 8 s per job
+#   fuse-tests/bench/relay.sh --smoke    quick check: every part, tiny sizes
 #
 # Other options are passed to relay.py (--reps, --runtime, --ramp, --size, --md-files,
 # --trigger-runs, --direct-runs); --no-build skips the cargo build. Needs root and /dev/fuse.

@@ -7,7 +7,7 @@
 # them, every object read back), then one pod of each other scenario (legacy: a regular
 # sidecar and the exit file, with airflow-pod-template.yaml too; delete: the pod deleted while
 # it writes; stalled: deleted with the bucket stopped, drainfs's grace deadline), and stops the
-# node (down.sh) on every exit path, failing if anything of it is left. About 3 minutes.
+# node (down.sh) on every exit path, failing if anything of it is left.
 #
 # It needs the kubelet, containerd and crictl that install.sh builds and caches (tens of
 # minutes on 2 cores the first time, seconds afterwards). When they are not built, it builds
