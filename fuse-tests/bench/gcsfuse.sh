@@ -3,7 +3,7 @@
 # GKE's real sidecar mounter (gcs-fuse-csi-driver v1.24.4). See gcsfuse.py and README.md.
 #
 #   fuse-tests/bench/gcsfuse.sh            full run (5 reps, 8 targets: estimated 1.5-2 hours on a quiet 2-vCPU VM)
-#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: both parts, tiny sizes, no exit-file runs, no stock-b (about a minute)
+#   fuse-tests/bench/gcsfuse.sh --smoke    CI smoke: both parts, tiny sizes, no exit-file runs, no stock-b
 #   fuse-tests/bench/gcsfuse.sh --targets stock,stock-b,handoff    the hand-off against stock gcsfuse only
 #
 # Other options go to gcsfuse.py (--reps, --runtime, --ramp, --size, --md-files, --numjobs 1,4,

@@ -55,8 +55,9 @@ apart, not as cut shorter than stock.
 `stop` in its table is fake-node-driver's stop (the SIGTERM to the sidecar mounter, or the
 exit file it wrote) to the sidecar mounter's exit; the exit file's includes the sidecar
 mounter's poll. Results: fuse-tests/bench/results/handoff-stops-<time>/ (table.txt, runs.json
-with every run, the sidecars' logs); about 5 s per run on average (the exit file's poll and
-stock's 5 s), so 300 runs take about 25 minutes.
+with every run, the sidecars' logs); 300 runs took 1,444 s in
+docs/results/2026-12-07-handoff-stops-300-b201aff.txt (the exit file's poll and stock's 5 s
+are most of a run).
 
 It needs the release binaries (drainfs, fake-node-driver: `cargo build --release -p drainfs -p
 fuse-tests --bins`) and scripts/install-lowers.sh's gcsfuse, sidecar mounter and

@@ -2,7 +2,7 @@
 # drainfs benchmark: raw tmpfs lower vs drainfs (passthrough) vs drainfs (never).
 #
 #   fuse-tests/bench/run.sh            full run (~15 min): 3 interleaved reps, fio 10 s per job
-#   fuse-tests/bench/run.sh --smoke    CI smoke (< 1 min after the build): every part, tiny sizes
+#   fuse-tests/bench/run.sh --smoke    CI smoke: every part, tiny sizes
 #
 # Other options are passed to bench.py (--reps, --runtime, --ramp, --size, --md-files, --trigger-runs,
 # --threads, --ttl, --results DIR); --no-build skips the cargo build. Needs root and /dev/fuse.
