@@ -1188,7 +1188,7 @@ def main():
         TARGETS[:] = chosen
     elif a.smoke:
         # The smoke proves the harness: stock-b runs stock's code again; it stays out to keep
-        # the smoke near a minute.
+        # the smoke short.
         TARGETS.remove("stock-b")
     ctx.work = os.path.abspath(a.workdir)
     ctx.logs = os.path.join(ctx.work, "logs")
