@@ -337,7 +337,7 @@ def one_run(ctx, n, scenario, arr, rng):
                 res["inflight"] = {"size": big["size"],
                                    "complete": bool(o and o["size"] == big["size"] and o["sha256"] == big["sha256"])}
         # Checked: off the server, whose memory backend would otherwise hold every run's objects
-        # (24 GB after 266 runs, and then the machine's memory ran out).
+        # (an earlier run, before this, used up the machine's memory partway).
         lowers.delete_objects("gcsfuse", ctx.lowers_dir, prefix + "/")
         return res
     finally:
